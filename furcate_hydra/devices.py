@@ -1,0 +1,146 @@
+"""GPU discovery: which devices exist, how much memory they have free, and what a user named.
+
+NVML is the source of truth for what is installed; ``CUDA_VISIBLE_DEVICES`` is parsed with
+CUDA's own rules, except that we refuse malformed entries instead of silently dropping them.
+``pynvml`` is imported inside functions so that importing this module never touches the driver.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from furcate_hydra.errors import FurcateConfigError
+
+__all__ = ["GpuProbe", "NvmlProbe", "normalize_device_id", "parse_cuda_visible_devices"]
+
+# CUDA also accepts unambiguous UUID prefixes, so only the "GPU-"/"MIG-" head is required.
+# Old drivers spell MIG devices "MIG-GPU-<uuid>/<gi>/<ci>", hence "/" in the MIG form.
+_UUID_RE = re.compile(r"GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+")
+
+
+class GpuProbe(Protocol):
+    """Source of GPU facts; the planner takes one so tests can run without a GPU."""
+
+    def device_ids(self) -> list[str]:
+        """Return ids usable as a ``CUDA_VISIBLE_DEVICES`` value ("0", "GPU-<uuid>", ...)."""
+        ...
+
+    def free_memory_bytes(self, device_id: str) -> int:
+        """Return the free memory of one device; raise RuntimeError if it cannot be read."""
+        ...
+
+
+def normalize_device_id(entry: object) -> str | None:
+    """Return the canonical form of one device id, or None if it is not one.
+
+    Accepts a non-negative int (not bool), a string of digits, or a GPU-/MIG- UUID string.
+    """
+    if isinstance(entry, bool):
+        return None
+    if isinstance(entry, int):
+        return str(entry) if entry >= 0 else None
+    if not isinstance(entry, str):
+        return None
+    text = entry.strip()
+    if text.isascii() and text.isdigit():
+        return str(int(text))
+    return text if _UUID_RE.fullmatch(text) else None
+
+
+def parse_cuda_visible_devices(value: str) -> list[str]:
+    """Parse a ``CUDA_VISIBLE_DEVICES`` value into device ids.
+
+    "" (or only whitespace) means no GPU. As in CUDA, an entry "-1" ends the list, so "-1"
+    alone means no GPU.
+
+    Raises:
+        FurcateConfigError: for an entry that is neither a non-negative int nor a UUID, or a
+            device listed twice (CUDA would silently truncate the list there).
+    """
+    if not value.strip():
+        return []
+    devices: list[str] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if entry == "-1":
+            break
+        device = normalize_device_id(entry)
+        if device is None:
+            raise FurcateConfigError(
+                "CUDA_VISIBLE_DEVICES",
+                value,
+                f"entry {entry!r} is neither a GPU index (0, 1, ...) nor a GPU-/MIG- UUID, "
+                "and CUDA would silently ignore it and every entry after it",
+                "export a comma-separated list such as CUDA_VISIBLE_DEVICES=0,1, "
+                "or unset it to use every GPU",
+            )
+        if device in devices:
+            raise FurcateConfigError(
+                "CUDA_VISIBLE_DEVICES",
+                value,
+                f"device {device!r} is listed twice",
+                "list each GPU once; use hydra.launcher.jobs_per_gpu to run several jobs on one",
+            )
+        devices.append(device)
+    return devices
+
+
+class NvmlProbe:
+    """GpuProbe backed by NVML; reports no devices where the driver or library is missing."""
+
+    def device_ids(self) -> list[str]:
+        """Return "0".."n-1" by NVML index (PCI bus order), or [] when NVML is unavailable."""
+        import pynvml
+
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            # No library, no driver, or no permission: all mean "no usable GPU here".
+            return []
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+        return [str(i) for i in range(count)]
+
+    def free_memory_bytes(self, device_id: str) -> int:
+        """Return free memory of a device given by NVML index or GPU-/MIG- UUID (or prefix).
+
+        Raises:
+            RuntimeError: NVML is unavailable, or the device is unknown or unreadable.
+        """
+        import pynvml
+
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise RuntimeError(
+                f"cannot read free memory of GPU {device_id!r}: NVML is not available ({exc})"
+            ) from exc
+        try:
+            handle = _nvml_handle(device_id)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+        except pynvml.NVMLError as exc:
+            raise RuntimeError(f"cannot read free memory of GPU {device_id!r}: {exc}") from exc
+        finally:
+            pynvml.nvmlShutdown()
+
+
+def _nvml_handle(device_id: str) -> object:
+    """Look up an NVML handle; the caller has initialised NVML."""
+    import pynvml
+
+    if device_id.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(device_id))
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(device_id)
+    except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
+        if not device_id.startswith("GPU-"):
+            raise
+    # CUDA accepts a UUID prefix but NVML wants the whole UUID, so match the prefix here.
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if str(pynvml.nvmlDeviceGetUUID(handle)).startswith(device_id):
+            return handle
+    raise RuntimeError(f"no GPU has a UUID starting with {device_id!r}")

@@ -1,0 +1,108 @@
+"""The launcher's handle on its warm fork server process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+
+from furcate_hydra.errors import ForkServerError
+from furcate_hydra.forkserver.protocol import (
+    Init,
+    InitFailed,
+    Kill,
+    Ready,
+    SetContext,
+    Shutdown,
+    Start,
+    Stopped,
+)
+
+__all__ = ["ForkServerClient"]
+
+
+class ForkServerClient:
+    """Starts the server, sends it requests and receives its events.
+
+    Not thread-safe: one owner (the slot pool) drives it from one thread.
+    """
+
+    def __init__(self, preload: list[str], context: bytes, *, start_timeout_s: float = 600.0):
+        parent_sock, child_sock = socket.socketpair()
+        with child_sock:
+            # Its own session: a Ctrl-C at the terminal reaches the launcher, which then stops
+            # the jobs in order, instead of reaching every process at once.
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "furcate_hydra.forkserver.server", str(child_sock.fileno())],
+                pass_fds=[child_sock.fileno()],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._conn = Connection(parent_sock.detach())
+        began = time.perf_counter()
+        self._conn.send(Init(list(sys.path), os.getcwd(), preload, context))
+        reply = self.receive(timeout=start_timeout_s)
+        if isinstance(reply, InitFailed):
+            self.terminate()
+            raise ForkServerError(f"The fork server could not load the task:\n{reply.error}")
+        if not isinstance(reply, Ready):
+            self.terminate()
+            raise ForkServerError(f"The fork server did not start within {start_timeout_s:.0f} s.")
+        self.ready = reply
+        self.start_s = time.perf_counter() - began
+
+    def fileno(self) -> int:
+        return self._conn.fileno()
+
+    def set_context(self, context: bytes) -> None:
+        self._conn.send(SetContext(context))
+
+    def start(self, start: Start) -> None:
+        self._conn.send(start)
+
+    def kill(self, key: str, signum: int) -> None:
+        self._conn.send(Kill(key, signum))
+
+    def receive(self, timeout: float | None) -> object | None:
+        """Next event from the server, or None when ``timeout`` passes first.
+
+        Raises:
+            ForkServerError: the server process is gone.
+        """
+        try:
+            if not self._conn.poll(timeout):
+                return None
+            event: object = self._conn.recv()
+            return event
+        except (EOFError, OSError) as exc:
+            code = self.process.poll()
+            raise ForkServerError(
+                f"The fork server stopped unexpectedly (exit status {code}); "
+                "its error, if any, is on the launcher's stderr above."
+            ) from exc
+
+    def shutdown(self, grace_s: float) -> None:
+        """Stop every job (SIGTERM, then SIGKILL after ``grace_s``) and the server itself."""
+        try:
+            self._conn.send(Shutdown(grace_s))
+            deadline = time.monotonic() + grace_s + 5.0
+            while time.monotonic() < deadline:
+                event = self.receive(timeout=max(0.0, deadline - time.monotonic()))
+                if event is None or isinstance(event, Stopped):
+                    break
+        except (ForkServerError, OSError):
+            pass
+        self.terminate()
+
+    def terminate(self) -> None:
+        """Make sure the server process is gone (it stops its jobs when its socket closes)."""
+        self._conn.close()
+        try:
+            self.process.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()

@@ -1,0 +1,136 @@
+"""Messages between the launcher and its warm fork server.
+
+They travel pickled over one Unix socket (``multiprocessing.connection``). Job payloads and the
+warm context stay opaque bytes here: the server never unpickles a payload, only the forked child
+does, so one bad payload can only fail its own job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "ChildReport",
+    "Exited",
+    "Init",
+    "InitFailed",
+    "Kill",
+    "Ready",
+    "SetContext",
+    "Shutdown",
+    "Start",
+    "StartFailed",
+    "Started",
+    "Stopped",
+    "WarmContext",
+]
+
+
+class WarmContext(Protocol):
+    """What the server holds between jobs.
+
+    ``prepare`` runs once in the server (before any fork), so everything it imports or builds is
+    inherited by every job for free. It must never initialise CUDA. ``run`` runs in the forked
+    child and returns the job's value, which must be picklable.
+    """
+
+    def prepare(self) -> None: ...
+
+    def run(self, payload: bytes) -> Any: ...
+
+
+# launcher -> server
+
+
+@dataclass(frozen=True)
+class Init:
+    sys_path: list[str]
+    cwd: str
+    preload: list[str]
+    context: bytes
+
+
+@dataclass(frozen=True)
+class SetContext:
+    context: bytes
+
+
+@dataclass(frozen=True)
+class Start:
+    key: str
+    payload: bytes
+    env: dict[str, str]
+    cpus: tuple[int, ...] | None
+    threads: int | None
+    stdout_path: str
+    stderr_path: str
+    result_path: str
+    echo: bool
+
+
+@dataclass(frozen=True)
+class Kill:
+    key: str
+    signum: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    grace_s: float
+
+
+# server -> launcher
+
+
+@dataclass(frozen=True)
+class Ready:
+    pid: int
+    preload_s: float
+    preloaded: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class InitFailed:
+    error: str
+
+
+@dataclass(frozen=True)
+class Started:
+    key: str
+    pid: int
+    forked_at: float
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    key: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    key: str
+    wait_status: int
+    ended_at: float
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The server has stopped every job and is about to exit."""
+
+
+# child -> launcher, through the result file
+
+
+@dataclass(frozen=True)
+class ChildReport:
+    """What a job's process hands back before it exits.
+
+    ``error`` holds a formatted traceback when ``run`` raised or its value could not be pickled;
+    ``exit_code`` is set when the job called ``sys.exit``.
+    """
+
+    value: Any = None
+    error: str | None = None
+    exit_code: int | None = None

@@ -1,0 +1,291 @@
+"""Slot planning: split the machine's GPUs and cores into slots that each run one job at a time."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from furcate_hydra.devices import (
+    GpuProbe,
+    NvmlProbe,
+    normalize_device_id,
+    parse_cuda_visible_devices,
+)
+from furcate_hydra.errors import FurcateConfigError
+
+__all__ = ["Slot", "SlotOptions", "SlotPlan", "plan_slots"]
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One place a job can run: at most one GPU, optionally pinned cores and a thread count."""
+
+    index: int
+    device: str | None
+    cpus: tuple[int, ...] | None
+    threads: int | None
+
+    def env(self) -> dict[str, str]:
+        """Return variables to set in the job's environment before anything initialises CUDA."""
+        env = {
+            # "" rather than unset: a CPU slot must not be able to grab a GPU.
+            "CUDA_VISIBLE_DEVICES": self.device or "",
+            # CUDA's default order is fastest-first; NVML indices follow the PCI bus.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "FURCATE_SLOT": str(self.index),
+        }
+        if self.threads is not None:
+            env.update(dict.fromkeys(_THREAD_VARS, str(self.threads)))
+        return env
+
+
+@dataclass(frozen=True)
+class SlotOptions:
+    """Launcher options that shape the slots; see ``plan_slots`` for their meaning."""
+
+    gpus: Sequence[int | str] | str | None = None
+    jobs_per_gpu: int | None = None
+    gpu_mem_per_job_gb: float | None = None
+    max_jobs_per_gpu: int = 8
+    max_workers: int | None = None
+    cpus_per_job: int | None = None
+    allow_cpu: bool = True
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """The slots to run jobs on and where their devices came from.
+
+    Attributes:
+        slots: Slots in dispatch order, ``slots[i].index == i``.
+        source: "explicit", "CUDA_VISIBLE_DEVICES", "NVML" or "cpu".
+        reason: Why the plan is on CPU (empty for GPU plans); used by ``describe``.
+    """
+
+    slots: tuple[Slot, ...]
+    source: str
+    reason: str = ""
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the jobs run without a GPU."""
+        return self.source == "cpu"
+
+    def describe(self) -> str:
+        """Summarise the plan in one log line."""
+        n = len(self.slots)
+        if self.on_cpu:
+            text = f"{n} CPU slot{_s(n)} (no GPU" + (f": {self.reason})" if self.reason else ")")
+        else:
+            counts: dict[str, int] = {}
+            for slot in self.slots:
+                counts[str(slot.device)] = counts.get(str(slot.device), 0) + 1
+            per_gpu = "/".join(str(c) for c in counts.values())
+            if len(set(counts.values())) == 1:
+                per_gpu = str(next(iter(counts.values())))
+            origin = "hydra.launcher.gpus" if self.source == "explicit" else self.source
+            text = (
+                f"{n} slot{_s(n)} on GPU{_s(len(counts))} {','.join(counts)} "
+                f"({per_gpu} per GPU, from {origin})"
+            )
+        pinned = [slot.cpus for slot in self.slots if slot.cpus is not None]
+        if pinned:
+            k = len(pinned[0])
+            text += f", {k} pinned core{_s(k)} each"
+            cores = {c for block in pinned for c in block}
+            if len(cores) < k * len(pinned):
+                text += f" (cores shared: {n} slots x {k} > {len(cores)} cores)"
+        elif self.slots and self.slots[0].threads is not None:
+            t = self.slots[0].threads
+            text += f", {t} thread{_s(t)} each"
+        return text
+
+
+def plan_slots(
+    options: SlotOptions,
+    *,
+    environ: Mapping[str, str] | None = None,
+    probe: GpuProbe | None = None,
+    available_cpus: Sequence[int] | None = None,
+) -> SlotPlan:
+    """Decide the slots for a sweep.
+
+    Devices come from ``options.gpus``, else ``CUDA_VISIBLE_DEVICES``, else the probe (NVML).
+    Each GPU gets ``jobs_per_gpu`` slots, or as many as fit ``gpu_mem_per_job_gb`` in its
+    free memory. Slots interleave GPUs so that ``max_workers`` spreads over all of them.
+
+    Args:
+        options: The launcher's options.
+        environ: Environment to read ``CUDA_VISIBLE_DEVICES`` from; defaults to ``os.environ``.
+        probe: GPU discovery and free memory; defaults to ``NvmlProbe()``.
+        available_cpus: Cores this process may use; defaults to its affinity mask.
+
+    Raises:
+        FurcateConfigError: An option is invalid, or no GPU was found and CPU is not allowed.
+    """
+    explicit = _validate(options)
+    environ = os.environ if environ is None else environ
+    cpus = sorted(set(available_cpus)) if available_cpus is not None else _affinity()
+    if options.cpus_per_job is not None and options.cpus_per_job > len(cpus):
+        raise FurcateConfigError(
+            "hydra.launcher.cpus_per_job",
+            options.cpus_per_job,
+            f"this process may use only {len(cpus)} core{_s(len(cpus))}",
+            f"set cpus_per_job to at most {len(cpus)}, or null to leave cores unpinned",
+        )
+    if explicit is not None:
+        devices, source, where = explicit, "explicit", "hydra.launcher.gpus is empty"
+    elif "CUDA_VISIBLE_DEVICES" in environ:
+        value = environ["CUDA_VISIBLE_DEVICES"]
+        devices, source = parse_cuda_visible_devices(value), "CUDA_VISIBLE_DEVICES"
+        where = f"CUDA_VISIBLE_DEVICES={value!r}"
+    else:
+        probe = probe or NvmlProbe()
+        devices, source = probe.device_ids(), "NVML"
+        where = "NVML lists none"
+
+    if not devices:
+        if not options.allow_cpu:
+            problem = f"no GPU was found: {where}"
+            if source == "NVML":
+                problem += ", and neither hydra.launcher.gpus nor CUDA_VISIBLE_DEVICES is set"
+            raise FurcateConfigError(
+                "hydra.launcher.allow_cpu",
+                False,
+                problem,
+                "run on a machine with a GPU, name GPUs with hydra.launcher.gpus or "
+                "CUDA_VISIBLE_DEVICES, or set hydra.launcher.allow_cpu=true to run on CPU",
+            )
+        n = max(1, len(cpus) // (options.cpus_per_job or 1))
+        n = min(n, options.max_workers or n)
+        threads = options.cpus_per_job or max(1, len(cpus) // n)
+        blocks = _core_blocks(cpus, n, options.cpus_per_job)
+        slots = tuple(Slot(i, None, blocks[i], threads) for i in range(n))
+        return SlotPlan(slots, "cpu", where)
+
+    memory_probe = probe or NvmlProbe()
+    per_gpu = [_jobs_on(device, options, memory_probe) for device in devices]
+    order = [
+        device
+        for round_ in range(max(per_gpu))
+        for device, count in zip(devices, per_gpu, strict=True)
+        if count > round_
+    ]
+    order = order[: options.max_workers or len(order)]
+    blocks = _core_blocks(cpus, len(order), options.cpus_per_job)
+    slots = tuple(
+        Slot(i, device, blocks[i], options.cpus_per_job) for i, device in enumerate(order)
+    )
+    return SlotPlan(slots, source)
+
+
+def _validate(options: SlotOptions) -> list[str] | None:
+    """Check every option; return the explicit GPU ids normalised, or None to discover them."""
+    fixes = {
+        "jobs_per_gpu": "set it to 1 or more, or null for one job per GPU",
+        "max_jobs_per_gpu": "set it to 1 or more (default 8)",
+        "max_workers": "set it to 1 or more, or null for no cap",
+        "cpus_per_job": "set it to 1 or more, or null to leave cores unpinned",
+    }
+    for name, fix in fixes.items():
+        value = getattr(options, name)
+        if value is None and name != "max_jobs_per_gpu":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FurcateConfigError(
+                f"hydra.launcher.{name}", value, "must be a positive integer", fix
+            )
+    mem = options.gpu_mem_per_job_gb
+    if mem is not None and (
+        isinstance(mem, bool) or not isinstance(mem, int | float) or not 0 < mem < math.inf
+    ):
+        raise FurcateConfigError(
+            "hydra.launcher.gpu_mem_per_job_gb",
+            mem,
+            "must be a positive number of GiB",
+            "set it to the GPU memory one job needs, e.g. 4.5, or null to use jobs_per_gpu",
+        )
+    if mem is not None and options.jobs_per_gpu is not None:
+        raise FurcateConfigError(
+            "hydra.launcher.jobs_per_gpu",
+            options.jobs_per_gpu,
+            f"cannot be combined with hydra.launcher.gpu_mem_per_job_gb={mem!r}",
+            "pick one: jobs_per_gpu for a fixed count per GPU, or gpu_mem_per_job_gb to size "
+            "by free memory, and set the other to null",
+        )
+    if not isinstance(options.allow_cpu, bool):
+        raise FurcateConfigError(
+            "hydra.launcher.allow_cpu",
+            options.allow_cpu,
+            "must be true or false",
+            "set hydra.launcher.allow_cpu=true or false",
+        )
+    return _explicit_gpus(options.gpus)
+
+
+def _explicit_gpus(gpus: object) -> list[str] | None:
+    """Normalise ``gpus`` to distinct device ids; None means discover them."""
+    if gpus is None:
+        return None
+    fix = "give distinct GPU indices or GPU-/MIG- UUIDs, e.g. gpus=[0,1] or gpus='0,1'"
+    if isinstance(gpus, str):
+        entries: list[object] = [] if not gpus.strip() else list(gpus.split(","))
+    elif isinstance(gpus, Sequence) and not isinstance(gpus, bytes):
+        entries = list(gpus)
+    else:
+        raise FurcateConfigError(
+            "hydra.launcher.gpus", gpus, "must be a list or a comma-separated string", fix
+        )
+    devices: list[str] = []
+    for entry in entries:
+        device = normalize_device_id(entry)
+        if device is None:
+            problem = f"entry {entry!r} is neither a GPU index (0, 1, ...) nor a GPU-/MIG- UUID"
+            raise FurcateConfigError("hydra.launcher.gpus", gpus, problem, fix)
+        if device in devices:
+            problem = f"GPU {device!r} is listed twice"
+            raise FurcateConfigError(
+                "hydra.launcher.gpus", gpus, problem, fix + "; use jobs_per_gpu for more jobs"
+            )
+        devices.append(device)
+    return devices
+
+
+def _jobs_on(device: str, options: SlotOptions, probe: GpuProbe) -> int:
+    """Number of slots one GPU gets."""
+    gb = options.gpu_mem_per_job_gb
+    if gb is None:
+        return options.jobs_per_gpu or 1
+    try:
+        free = probe.free_memory_bytes(device)
+    except RuntimeError as exc:
+        raise FurcateConfigError(
+            "hydra.launcher.gpu_mem_per_job_gb",
+            gb,
+            f"the free memory of GPU {device} cannot be read ({exc})",
+            "set hydra.launcher.jobs_per_gpu instead",
+        ) from exc
+    return min(max(1, int(free // (gb * 2**30))), options.max_jobs_per_gpu)
+
+
+def _core_blocks(cpus: list[int], n: int, per_job: int | None) -> list[tuple[int, ...] | None]:
+    """Give slot i the i-th contiguous block of cores, reusing blocks when there are too few."""
+    if per_job is None:
+        return [None] * n
+    # Whole blocks are reused (not a sliding window) so slots that share, share all their cores.
+    blocks = len(cpus) // per_job
+    return [tuple(cpus[(i % blocks) * per_job : (i % blocks + 1) * per_job]) for i in range(n)]
+
+
+def _affinity() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"

@@ -1,0 +1,1 @@
+"""Hydra launcher plugin ``hydra/launcher=furcate``."""

@@ -1,0 +1,41 @@
+"""``hydra/launcher=furcate``: the options users set, registered in Hydra's ConfigStore."""
+
+# No `from __future__ import annotations` here: Hydra's plugin scan executes this module outside
+# sys.modules, where dataclasses cannot resolve string annotations, and OmegaConf reads the
+# typing forms (Optional, List) to validate what users type.
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class FurcateLauncherConf:
+    _target_: str = "hydra_plugins.furcate_launcher.furcate_launcher.FurcateLauncher"
+    # GPU ids (CUDA_VISIBLE_DEVICES values) to use; unset: CUDA_VISIBLE_DEVICES, else NVML
+    gpus: Optional[Any] = None
+    # jobs sharing one GPU at a time (default 1); exclusive with gpu_mem_per_job_gb
+    jobs_per_gpu: Optional[int] = None
+    # size slots by memory: jobs per GPU = free GPU memory / this, at least 1
+    gpu_mem_per_job_gb: Optional[float] = None
+    # upper bound for jobs per GPU when sizing by memory
+    max_jobs_per_gpu: int = 8
+    # cap on the total number of slots (furcate's max_threads)
+    max_workers: Optional[int] = None
+    # cores pinned to each slot; torch/OpenMP threads follow
+    cpus_per_job: Optional[int] = None
+    # with no GPU, run on CPU slots (false: stop with an error before anything runs)
+    allow_cpu: bool = True
+    # re-run a job whose process crashed (signal, os._exit) up to this many times
+    max_retries: int = 0
+    # modules imported once by the warm fork server so jobs start in milliseconds
+    preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning"])
+    # copy each job's stdout/stderr to the console as well as to its log files
+    echo_output: bool = True
+    # seconds a stopped job gets between SIGTERM and SIGKILL
+    stop_grace_s: float = 5.0
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="furcate", node=FurcateLauncherConf, provider="furcate_launcher"
+)

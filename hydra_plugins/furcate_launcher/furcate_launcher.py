@@ -1,0 +1,65 @@
+"""The furcate launcher: Hydra's entry point; the work happens in ``_core``."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+if TYPE_CHECKING:
+    from hydra_plugins.furcate_launcher._core import LaunchSession
+
+
+class FurcateLauncher(Launcher):
+    """Runs each job in a fresh process on a pool of GPU (or CPU) slots.
+
+    Besides Hydra's batch ``launch``, it offers ``submit``/``wait_any`` so that furcate's
+    sweepers can hand a slot its next job the moment the previous one ends.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+        self.config: DictConfig | None = None
+        self._session: LaunchSession | None = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+        self.config = config
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        from hydra_plugins.furcate_launcher._core import launch
+
+        return launch(self.session(), job_overrides, initial_job_idx)
+
+    def submit(self, overrides: Sequence[str], job_num: int) -> str:
+        """Queue one job; returns its key. Results come back from ``wait_any``."""
+        return self.session().submit(overrides, job_num)
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
+        """Wait until at least one submitted job ends; return ``(key, JobReturn)`` pairs."""
+        return self.session().wait_any(timeout)
+
+    def session(self) -> LaunchSession:
+        """The warm pool, started on first use and stopped when the launcher goes away."""
+        if self._session is None:
+            from hydra_plugins.furcate_launcher._core import LaunchSession
+
+            if self.hydra_context is None or self.task_function is None or self.config is None:
+                raise RuntimeError("FurcateLauncher.setup() must be called before launching jobs")
+            self._session = LaunchSession(
+                self.options, self.hydra_context, self.task_function, self.config
+            )
+            weakref.finalize(self, self._session.close)
+        return self._session
