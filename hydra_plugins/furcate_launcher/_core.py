@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from furcate_hydra.errors import FurcateConfigError, JobCrashedError
 from furcate_hydra.pool import JobResult, JobSpec, JobState, PoolOptions, SlotPool
@@ -197,11 +197,17 @@ def _output_dir(sweep_config: DictConfig) -> Path:
 def _failed_job_return(sweep_config: DictConfig, result: JobResult) -> JobReturn:
     task_cfg = OmegaConf.masked_copy(sweep_config, [str(k) for k in sweep_config if k != "hydra"])
     overrides = OmegaConf.to_container(sweep_config.hydra.overrides.task)
+    hydra_cfg = OmegaConf.create({"hydra": sweep_config.hydra})
+    output_dir = str(result.spec.log_dir)
+    runtime = hydra_cfg.hydra.runtime
+    with read_write(runtime), open_dict(runtime):
+        # What run_job would have recorded had the job lived long enough.
+        runtime.output_dir = output_dir
     job_return = JobReturn(
         overrides=list(overrides) if isinstance(overrides, list) else [],
         cfg=task_cfg,
-        hydra_cfg=OmegaConf.create({"hydra": sweep_config.hydra}),
-        working_dir=str(result.spec.log_dir),
+        hydra_cfg=hydra_cfg,
+        working_dir=output_dir if sweep_config.hydra.job.chdir else os.getcwd(),
         task_name=str(sweep_config.hydra.job.name),
         status=JobStatus.FAILED,
     )

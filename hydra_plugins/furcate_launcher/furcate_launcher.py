@@ -28,6 +28,7 @@ class FurcateLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.config: DictConfig | None = None
         self._session: LaunchSession | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -61,5 +62,11 @@ class FurcateLauncher(Launcher):
             self._session = LaunchSession(
                 self.options, self.hydra_context, self.task_function, self.config
             )
-            weakref.finalize(self, self._session.close)
+            # Also at interpreter exit; the fork server stops its jobs if we vanish without it.
+            self._finalizer = weakref.finalize(self, self._session.close)
         return self._session
+
+    def close(self) -> None:
+        """Stop the warm pool and every job still running; idempotent."""
+        if self._finalizer is not None:
+            self._finalizer()

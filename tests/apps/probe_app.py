@@ -1,0 +1,86 @@
+"""A Hydra app for tests: records what its job process saw, then behaves as ``mode`` says."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+def record(cfg: DictConfig) -> dict[str, Any]:
+    """What the job saw, written to ``probe.json`` in its output dir."""
+    started = time.time()
+    info = {
+        "num": HydraConfig.get().job.num,
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "sid": os.getsid(0),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "slot": os.environ.get("FURCATE_SLOT"),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": _torch_threads(),
+        "started_at": started,
+    }
+    time.sleep(float(cfg.get("sleep", 0.0)))
+    info["ended_at"] = time.time()
+    out = Path(HydraConfig.get().runtime.output_dir) / "probe.json"
+    out.write_text(json.dumps(info))
+    return info
+
+
+def _torch_threads() -> int | None:
+    torch: Any = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
+def misbehave(mode: str) -> Any:
+    print(f"about to {mode}", flush=True)
+    print(f"stderr line before {mode}", file=sys.stderr, flush=True)
+    if mode == "raise":
+        raise ValueError("the task raised on purpose")
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "os_exit":
+        os._exit(4)
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "segfault":
+        ctypes.string_at(0)
+    if mode == "unpicklable":
+        return (i for i in range(3))  # generators cannot be pickled
+    if mode == "crash_once":
+        marker = Path(os.environ["PROBE_MARKER_DIR"]) / f"crashed-{os.getpid()}"
+        if not any(marker.parent.glob("crashed-*")):
+            marker.write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return "recovered"
+    if mode == "spawn_and_hang":
+        # Children in the job's process group, as DataLoader workers would be.
+        for _ in range(2):
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        time.sleep(600)
+    return "ok"
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="probe")
+def main(cfg: DictConfig) -> Any:
+    info = record(cfg)
+    mode = str(cfg.mode)
+    if mode == "ok":
+        return info
+    return misbehave(mode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Shared helpers: run the probe app through the real CLI, or drive the launcher in-process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_config_search_path
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn
+from hydra.types import HydraContext, RunMode
+
+APPS = Path(__file__).parent / "apps"
+REPO = Path(__file__).parent.parent
+
+LaunchJobs = Callable[[Sequence[Sequence[str]], Sequence[str]], list[JobReturn]]
+
+
+def run_cli(
+    script: Path,
+    *overrides: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """Run a Hydra app exactly as a user would, in its own interpreter."""
+    return subprocess.run(
+        [sys.executable, str(script), *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def launch_jobs(tmp_path: Path, hydra_restore_singletons: Any) -> Iterator[LaunchJobs]:
+    """Compose the probe app's config and call the furcate launcher's ``launch`` directly.
+
+    Everything but the sweeper is real (config loading, plugin instantiation, the launcher, its
+    fork server and job processes), so tests can look at each JobReturn, even failed ones that
+    Hydra's BasicSweeper would turn into an exception.
+    """
+    sys.path.insert(0, str(APPS))
+    import probe_app
+
+    launchers: list[Any] = []
+
+    def launch(job_overrides: Sequence[Sequence[str]], overrides: Sequence[str]) -> list[JobReturn]:
+        GlobalHydra.instance().clear()
+        hydra = Hydra.create_main_hydra2(
+            task_name="probe_app", config_search_path=create_config_search_path(str(APPS / "conf"))
+        )
+        config = hydra.compose_config(
+            "probe",
+            [f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
+            run_mode=RunMode.MULTIRUN,
+            with_log_configuration=False,
+        )
+        HydraConfig.instance().set_config(config)
+        context = HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(config))
+        launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=context, task_function=probe_app.main.__wrapped__, config=config
+        )
+        launchers.append(launcher)
+        return list(launcher.launch(job_overrides, initial_job_idx=0))
+
+    yield launch
+    for launcher in launchers:
+        launcher.close()
+    sys.path.remove(str(APPS))

@@ -1,0 +1,35 @@
+"""Hydra's own conformance suites, run against ``hydra/launcher=furcate``.
+
+The suites' tasks do not use torch, so the fork server preloads nothing here; the default
+preload is exercised by the reference-app tests.
+"""
+
+from __future__ import annotations
+
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from pytest import mark
+
+from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
+
+FAST = ["hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]"]
+
+
+def test_discovery() -> None:
+    """`pip install` of the package makes hydra/launcher=furcate discoverable."""
+    launchers = Plugins.instance().discover(Launcher)
+    assert FurcateLauncher.__name__ in [launcher.__name__ for launcher in launchers]
+
+
+@mark.parametrize("launcher_name, overrides", [("furcate", FAST)])
+class TestFurcateLauncher(LauncherTestSuite):
+    pass
+
+
+@mark.parametrize(
+    "task_launcher_cfg, extra_flags",
+    [({}, ["-m", "hydra/job_logging=disabled", "hydra/launcher=furcate", *FAST])],
+)
+class TestFurcateLauncherIntegration(IntegrationTestSuite):
+    pass
