@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -52,7 +53,7 @@ def launch_jobs(tmp_path: Path, hydra_restore_singletons: Any) -> Iterator[Launc
     Hydra's BasicSweeper would turn into an exception.
     """
     sys.path.insert(0, str(APPS))
-    import probe_app
+    probe_app = importlib.import_module("probe_app")
 
     launchers: list[Any] = []
 
