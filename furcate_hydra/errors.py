@@ -14,6 +14,8 @@ class FurcateConfigError(ValueError):
     def __init__(self, key: str, value: object, problem: str, fix: str) -> None:
         self.key = key
         self.value = value
+        self.problem = problem
+        self.fix = fix
         super().__init__(f"Invalid {key}={value!r}: {problem}. Fix: {fix}.")
 
 

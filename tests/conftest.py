@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,6 @@ from hydra.types import HydraContext, RunMode
 
 APPS = Path(__file__).parent / "apps"
 REPO = Path(__file__).parent.parent
-
-LaunchJobs = Callable[[Sequence[Sequence[str]], Sequence[str]], list[JobReturn]]
 
 
 def run_cli(
@@ -44,39 +42,56 @@ def run_cli(
     )
 
 
-@pytest.fixture
-def launch_jobs(tmp_path: Path, hydra_restore_singletons: Any) -> Iterator[LaunchJobs]:
+class LaunchJobs:
     """Compose the probe app's config and call the furcate launcher's ``launch`` directly.
 
     Everything but the sweeper is real (config loading, plugin instantiation, the launcher, its
     fork server and job processes), so tests can look at each JobReturn, even failed ones that
     Hydra's BasicSweeper would turn into an exception.
     """
-    sys.path.insert(0, str(APPS))
-    probe_app = importlib.import_module("probe_app")
 
-    launchers: list[Any] = []
+    def __init__(self, sweep_dir: Path) -> None:
+        self.sweep_dir = sweep_dir
+        self.launchers: list[Any] = []
+        self.task_function = importlib.import_module("probe_app").main.__wrapped__
 
-    def launch(job_overrides: Sequence[Sequence[str]], overrides: Sequence[str]) -> list[JobReturn]:
+    def __call__(
+        self, job_overrides: Sequence[Sequence[str]], overrides: Sequence[str]
+    ) -> list[JobReturn]:
         GlobalHydra.instance().clear()
         hydra = Hydra.create_main_hydra2(
             task_name="probe_app", config_search_path=create_config_search_path(str(APPS / "conf"))
         )
         config = hydra.compose_config(
             "probe",
-            [f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
+            [f"hydra.sweep.dir={self.sweep_dir}", *overrides],
             run_mode=RunMode.MULTIRUN,
             with_log_configuration=False,
         )
         HydraConfig.instance().set_config(config)
         context = HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(config))
         launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=context, task_function=probe_app.main.__wrapped__, config=config
+            hydra_context=context, task_function=self.task_function, config=config
         )
-        launchers.append(launcher)
+        self.launchers.append(launcher)
         return list(launcher.launch(job_overrides, initial_job_idx=0))
 
-    yield launch
-    for launcher in launchers:
-        launcher.close()
-    sys.path.remove(str(APPS))
+    @property
+    def last(self) -> Any:
+        """The launcher of the latest call, with its pool still warm."""
+        return self.launchers[-1]
+
+    def close(self) -> None:
+        for launcher in self.launchers:
+            launcher.close()
+
+
+@pytest.fixture
+def launch_jobs(tmp_path: Path, hydra_restore_singletons: Any) -> Iterator[LaunchJobs]:
+    sys.path.insert(0, str(APPS))  # the fork server inherits sys.path and imports probe_app
+    harness = LaunchJobs(tmp_path / "sweep")
+    try:
+        yield harness
+    finally:
+        harness.close()
+        sys.path.remove(str(APPS))

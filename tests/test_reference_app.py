@@ -11,6 +11,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
+from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 
@@ -26,7 +27,13 @@ def _load_train() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     # Registered before executing: dataclasses look their module up in sys.modules.
     sys.modules["train"] = module
-    spec.loader.exec_module(module)
+    # @hydra.main sets Hydra's process-wide VersionBase while decorating; keep that out of
+    # the other tests, which rely on Hydra's defaults.
+    state = Singleton.get_state()
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        Singleton.set_state(state)
     return module
 
 

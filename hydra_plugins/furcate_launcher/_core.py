@@ -21,6 +21,7 @@ import cloudpickle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides
+from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
@@ -31,7 +32,11 @@ from hydra_plugins.furcate_launcher._job import HydraJobContext, JobOutcome, Rem
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LaunchSession", "launch", "pool_options"]
+__all__ = ["LaunchSession", "LauncherOptionError", "launch", "pool_options"]
+
+
+class LauncherOptionError(FurcateConfigError, CompactHydraException):
+    """A bad ``hydra.launcher`` option; Hydra prints just the message, not a stack trace."""
 
 
 class LaunchSession:
@@ -52,9 +57,13 @@ class LaunchSession:
         self.hydra_context = hydra_context
         self.task_function = task_function
         # Validate and plan before anything runs, so bad options cost nothing.
-        self.plan = plan_slots(slot_options(options))
+        try:
+            self.plan = plan_slots(slot_options(options))
+            pool_opts = pool_options(options)
+        except FurcateConfigError as exc:
+            raise LauncherOptionError(exc.key, exc.value, exc.problem, exc.fix) from None
         log.info("furcate: %s", self.plan.describe())
-        self.pool = SlotPool(self.plan, self._context_blob(), pool_options(options))
+        self.pool = SlotPool(self.plan, self._context_blob(), pool_opts)
         self._configs: dict[str, DictConfig] = {}
 
     def refresh_context(self) -> None:

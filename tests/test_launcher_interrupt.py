@@ -1,0 +1,77 @@
+"""Ctrl-C or SIGTERM to a running sweep stops every job's whole process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import APPS
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [child.pid for child in launcher.children(recursive=True)]
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError(f"only {len(launcher.children(recursive=True))} descendants appeared")
+
+
+@pytest.mark.parametrize("how", ["ctrl_c", "sigterm", "sigkill"])
+def test_interrupt_leaves_no_process_behind(tmp_path: Path, how: str) -> None:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(APPS / "probe_app.py"),
+            "-m",
+            "mode=spawn_and_hang",
+            "+i=0,1",
+            "hydra.launcher.gpus=[0,1]",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        # its own process group, like a foreground job in a terminal
+        start_new_session=True,
+    )
+    try:
+        # fork server + 2 jobs + 2 children per job
+        descendants = _wait_for_descendants(psutil.Process(process.pid), 7, timeout=60)
+        time.sleep(0.5)
+        began = time.monotonic()
+        if how == "ctrl_c":
+            os.killpg(process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        elif how == "sigterm":
+            os.kill(process.pid, signal.SIGTERM)
+        else:
+            # The launcher cannot clean up; its fork server sees the socket close and does.
+            os.kill(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate(timeout=30)
+        took = time.monotonic() - began
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in descendants if _alive(pid)] == []
+    assert process.returncode != 0
+    assert took < 15, f"stopping took {took:.1f} s; stderr:\n{stderr.decode()}"
