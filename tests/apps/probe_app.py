@@ -65,6 +65,18 @@ def misbehave(mode: str) -> Any:
             marker.write_text("x")
             os.kill(os.getpid(), signal.SIGKILL)
         return "recovered"
+    if mode == "cuda":
+        import torch
+
+        # the job must see exactly its slot's GPU, and be able to use it
+        device = torch.device("cuda", 0)
+        total = float(torch.ones(1024, device=device).sum().item())
+        return {
+            "device_count": torch.cuda.device_count(),
+            "uuid": str(torch.cuda.get_device_properties(0).uuid),
+            "sum": total,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
     if mode == "spawn_and_hang":
         # Children in the job's process group, as DataLoader workers would be.
         for _ in range(2):
