@@ -125,6 +125,9 @@ class SlotPool:
             raise ValueError(f"job key {spec.key!r} is already queued or running")
         self._queue.append(JobResult(spec))
         self._dispatch()
+        # Take in jobs that ended meanwhile, so a caller busy submitting (composing configs)
+        # does not leave their slots idle until it next waits.
+        self._drain_events()
 
     @property
     def pending(self) -> int:
@@ -147,6 +150,10 @@ class SlotPool:
                 self._on_event(event)
         done, self._done = self._done, []
         return done
+
+    def _drain_events(self) -> None:
+        while (event := self._server.receive(timeout=0)) is not None:
+            self._on_event(event)
 
     def as_completed(self) -> Iterator[JobResult]:
         while self.pending:

@@ -63,12 +63,16 @@ class LaunchSession:
         except FurcateConfigError as exc:
             raise LauncherOptionError(exc.key, exc.value, exc.problem, exc.fix) from None
         log.info("furcate: %s", self.plan.describe())
-        self.pool = SlotPool(self.plan, self._context_blob(), pool_opts)
+        self._context = self._context_blob()
+        self.pool = SlotPool(self.plan, self._context, pool_opts)
         self._configs: dict[str, DictConfig] = {}
 
     def refresh_context(self) -> None:
-        """Ship the current singleton state (resolvers registered since) to the fork server."""
-        self.pool.set_context(self._context_blob())
+        """Ship the singleton state to the fork server again if it changed (new resolvers)."""
+        context = self._context_blob()
+        if context != self._context:
+            self._context = context
+            self.pool.set_context(context)
 
     def submit(self, overrides: Sequence[str], job_num: int) -> str:
         sweep_config = self.hydra_context.config_loader.load_sweep_config(
@@ -197,9 +201,14 @@ def pool_options(options: dict[str, Any]) -> PoolOptions:
 def _output_dir(sweep_config: DictConfig) -> Path:
     # The same rule run_job applies in the job, evaluated here so the pool knows where the
     # job's logs go even if the job dies before Hydra creates its directory.
-    HydraConfig.instance().set_config(sweep_config)
-    sweep_dir = str(OmegaConf.select(sweep_config, "hydra.sweep.dir"))
-    subdir = str(OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
+    hydra_config = HydraConfig.instance()
+    launcher_cfg = hydra_config.cfg
+    hydra_config.set_config(sweep_config)
+    try:
+        sweep_dir = str(OmegaConf.select(sweep_config, "hydra.sweep.dir"))
+        subdir = str(OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
+    finally:
+        hydra_config.cfg = launcher_cfg  # the launcher's own view stays its own
     return Path(os.path.abspath(os.path.join(sweep_dir, subdir)))
 
 
