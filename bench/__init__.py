@@ -1,0 +1,1 @@
+"""Benchmarks of the furcate launcher; run each script directly, see BENCHMARKS.md."""

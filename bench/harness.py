@@ -1,0 +1,124 @@
+"""What the benchmarks share: a launcher built the way Hydra builds it, statistics, results.
+
+``make_launcher`` does what ``python app.py -m ...`` does up to the sweeper (compose the config,
+instantiate ``hydra/launcher``), so the benchmarks drive the real launcher in this process and
+can time each call, as ``tests/conftest.py`` does for the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, cast
+
+from hydra import version
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_config_search_path
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, RunMode, TaskFunction
+
+from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
+
+__all__ = [
+    "RESULTS_DIR",
+    "as_furcate",
+    "machine",
+    "make_launcher",
+    "summarize",
+    "task_value",
+    "write_results",
+]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def make_launcher(
+    task_function: TaskFunction, overrides: Sequence[str], sweep_dir: Path
+) -> Launcher:
+    """Compose an empty app's multirun config with ``overrides`` and instantiate its launcher."""
+    # What @hydra.main(version_base="1.3") sets; it travels to the fork server with the
+    # singletons, so jobs see the same defaults (no chdir) as in a real app.
+    version.setbase("1.3")
+    GlobalHydra.instance().clear()
+    hydra = Hydra.create_main_hydra2(
+        task_name="bench", config_search_path=create_config_search_path(None)
+    )
+    config = hydra.compose_config(
+        None,
+        [f"hydra.sweep.dir={sweep_dir}", *overrides],
+        run_mode=RunMode.MULTIRUN,
+        with_log_configuration=False,
+    )
+    HydraConfig.instance().set_config(config)
+    context = HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(config))
+    return Plugins.instance().instantiate_launcher(
+        hydra_context=context, task_function=task_function, config=config
+    )
+
+
+def as_furcate(launcher: Launcher) -> FurcateLauncher:
+    # Hydra's plugin scan executes plugin modules a second time, so the launcher's class need
+    # not be the FurcateLauncher imported here: compare names, not classes.
+    name = f"{type(launcher).__module__}.{type(launcher).__qualname__}"
+    if name != f"{FurcateLauncher.__module__}.{FurcateLauncher.__qualname__}":
+        raise TypeError(f"expected the furcate launcher, got {name}")
+    return cast(FurcateLauncher, launcher)
+
+
+def task_value(job_return: JobReturn) -> Any:
+    """The task function's return value; a failed job stops the benchmark with its error."""
+    if job_return.status is not JobStatus.COMPLETED:
+        raise RuntimeError(f"a benchmark job failed: {job_return._return_value!r}")
+    return job_return.return_value
+
+
+def summarize(seconds: Sequence[float]) -> dict[str, float | int]:
+    """Median, p90 (inclusive interpolation), min and max of a sample, in milliseconds."""
+    ms = [s * 1000.0 for s in seconds]
+    p90 = statistics.quantiles(ms, n=10, method="inclusive")[-1] if len(ms) > 1 else ms[0]
+    return {
+        "n": len(ms),
+        "median_ms": round(statistics.median(ms), 2),
+        "p90_ms": round(p90, 2),
+        "min_ms": round(min(ms), 2),
+        "max_ms": round(max(ms), 2),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """Where and when the figures were taken, and how busy the machine was."""
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "python": sys.version.split()[0],
+        "versions": {
+            name: metadata.version(name)
+            for name in ("hydra-core", "torch", "pytorch-lightning", "furcate-hydra")
+        },
+        # Other work on the machine (e.g. a test run) shows here and perturbs the figures.
+        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
+    }
+
+
+def write_results(name: str, results: dict[str, Any]) -> Path:
+    """Write ``results`` (plus the load average at the end) to ``bench/results/<name>.json``."""
+    results["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return path
