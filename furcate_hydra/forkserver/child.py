@@ -108,19 +108,12 @@ def _apply_thread_count(threads: int | None) -> None:
 def _forget_cached_device_counts() -> None:
     # torch and Lightning memoise the device count; a value cached in the server (under the
     # server's CUDA_VISIBLE_DEVICES) would be wrong for this slot's device.
-    for module_name, attr in (
-        ("torch.cuda", "_cached_device_count"),
-        ("lightning_fabric.accelerators.cuda", "num_cuda_devices"),
-        ("lightning_fabric.accelerators.cuda", "is_cuda_available"),
-    ):
-        module = sys.modules.get(module_name)
-        if module is None:
-            continue
-        if attr == "_cached_device_count":
-            if hasattr(module, attr):
-                setattr(module, attr, None)
-            continue
-        cache_clear = getattr(getattr(module, attr, None), "cache_clear", None)
+    torch_cuda: Any = sys.modules.get("torch.cuda")
+    if torch_cuda is not None and hasattr(torch_cuda, "_cached_device_count"):
+        torch_cuda._cached_device_count = None
+    fabric_cuda = sys.modules.get("lightning_fabric.accelerators.cuda")
+    for name in ("num_cuda_devices", "is_cuda_available"):
+        cache_clear = getattr(getattr(fabric_cuda, name, None), "cache_clear", None)
         if cache_clear is not None:
             cache_clear()
 

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -183,22 +184,20 @@ class ForkServer:
         if pid == 0:
             run_child(start, self.context, tees[0].write_fd, tees[1].write_fd, inherited)
         forked_at = time.time()
-        for tee in tees:
-            tee.close_write_end()
-            self.selector.register(tee.read_fd, selectors.EVENT_READ, self._reader(tee))
         pidfd = os.pidfd_open(pid)
         job = _Job(start, pid, pidfd, tees)
         self.jobs[start.key] = job
+        for tee in tees:
+            tee.close_write_end()
+            self.selector.register(tee.read_fd, selectors.EVENT_READ, self._reader(job, tee))
         self.selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_exit(job))
         self._send(Started(start.key, pid, forked_at))
 
-    def _reader(self, tee: OutputTee) -> Any:
+    def _reader(self, job: _Job, tee: OutputTee) -> Callable[[], None]:
         def read() -> None:
             if not tee.pump():
                 self._close_tee(tee)
-                for job in list(self.jobs.values()):
-                    if tee in job.tees:
-                        self._maybe_report(job)
+                self._maybe_report(job)
 
         return read
 
