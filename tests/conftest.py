@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,20 @@ def run_cli(
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+    )
+
+
+def run_probe_sweep(
+    tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python probe_app.py -m <overrides>`` with its sweep dir at ``tmp_path / "sweep"``."""
+    return run_cli(
+        APPS / "probe_app.py",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *overrides,
+        cwd=tmp_path,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

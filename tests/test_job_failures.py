@@ -9,7 +9,7 @@ import pytest
 from hydra.core.utils import JobStatus
 
 from furcate_hydra.errors import JobCrashedError
-from tests.conftest import APPS, LaunchJobs, run_cli
+from tests.conftest import LaunchJobs, run_probe_sweep
 
 MODES = ["ok", "raise", "exit", "os_exit", "sigkill", "segfault", "unpicklable", "ok"]
 EXPECTED = {
@@ -72,13 +72,7 @@ def test_crashed_job_is_retried_when_asked(launch_jobs: LaunchJobs, tmp_path: Pa
 
 
 def test_cli_sweep_with_a_failing_job_still_finishes_the_others(tmp_path: Path) -> None:
-    result = run_cli(
-        APPS / "probe_app.py",
-        "-m",
-        "mode=ok,segfault,ok",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        cwd=tmp_path,
-    )
+    result = run_probe_sweep(tmp_path, "mode=ok,segfault,ok")
     # Hydra's BasicSweeper re-raises the first failure once the whole batch is done.
     assert result.returncode == 1
     assert "killed by SIGSEGV" in result.stderr

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import APPS, run_cli
+from tests.conftest import run_probe_sweep
 
 CASES = [
     # (overrides, env, key named, bad value shown)
@@ -41,15 +40,7 @@ def test_bad_option_is_a_clear_error_before_any_job(
     tmp_path: Path, overrides: list[str], env: dict[str, str], key: str, value: str
 ) -> None:
     sweep = tmp_path / "sweep"
-    result = run_cli(
-        APPS / "probe_app.py",
-        "-m",
-        "+i=0,1",
-        f"hydra.sweep.dir={sweep}",
-        *overrides,
-        cwd=tmp_path,
-        env={**os.environ, **env},
-    )
+    result = run_probe_sweep(tmp_path, "+i=0,1", *overrides, env=env)
     assert result.returncode != 0
     message = result.stderr
     assert f"Invalid {key}=" in message, message
@@ -59,27 +50,13 @@ def test_bad_option_is_a_clear_error_before_any_job(
 
 
 def test_malformed_cuda_visible_devices_is_named(tmp_path: Path) -> None:
-    result = run_cli(
-        APPS / "probe_app.py",
-        "-m",
-        "+i=0,1",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,bogus"},
-    )
+    result = run_probe_sweep(tmp_path, "+i=0,1", env={"CUDA_VISIBLE_DEVICES": "0,bogus"})
     assert result.returncode != 0
     assert "CUDA_VISIBLE_DEVICES" in result.stderr and "bogus" in result.stderr
     assert "Fix:" in result.stderr
 
 
 def test_mistyped_count_is_rejected_by_the_schema(tmp_path: Path) -> None:
-    result = run_cli(
-        APPS / "probe_app.py",
-        "-m",
-        "+i=0,1",
-        "hydra.launcher.jobs_per_gpu=two",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        cwd=tmp_path,
-    )
+    result = run_probe_sweep(tmp_path, "+i=0,1", "hydra.launcher.jobs_per_gpu=two")
     assert result.returncode != 0
     assert "jobs_per_gpu" in result.stderr and "two" in result.stderr

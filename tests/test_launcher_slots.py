@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import APPS, run_cli
+from tests.conftest import run_probe_sweep
 
 
 def _probes(sweep: Path) -> list[dict[str, Any]]:
@@ -25,15 +25,12 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 def test_jobs_spread_over_explicit_gpus_two_per_gpu(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    result = run_cli(
-        APPS / "probe_app.py",
-        "-m",
+    result = run_probe_sweep(
+        tmp_path,
         "+i=range(0,12)",
         "sleep=0.8",
         "hydra.launcher.gpus=[0,1,2]",
         "hydra.launcher.jobs_per_gpu=2",
-        f"hydra.sweep.dir={sweep}",
-        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     probes = _probes(sweep)
@@ -61,16 +58,13 @@ def test_jobs_spread_over_explicit_gpus_two_per_gpu(tmp_path: Path) -> None:
 
 def test_cpus_per_job_pins_distinct_cores_and_threads(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    result = run_cli(
-        APPS / "probe_app.py",
-        "-m",
+    result = run_probe_sweep(
+        tmp_path,
         "+i=range(0,4)",
         "sleep=0.3",
         "hydra.launcher.gpus=[0,1]",
         "hydra.launcher.cpus_per_job=1",
         "hydra.launcher.preload=[torch]",
-        f"hydra.sweep.dir={sweep}",
-        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     probes = _probes(sweep)
@@ -84,16 +78,7 @@ def test_cpus_per_job_pins_distinct_cores_and_threads(tmp_path: Path) -> None:
 
 def test_cpu_fallback_says_so_and_hides_gpus(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    env = {**_env(), "CUDA_VISIBLE_DEVICES": ""}
-    result = run_cli(
-        APPS / "probe_app.py", "-m", "+i=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path, env=env
-    )
+    result = run_probe_sweep(tmp_path, "+i=0,1", env={"CUDA_VISIBLE_DEVICES": ""})
     assert result.returncode == 0, result.stderr
     assert "CPU slots" in result.stdout + result.stderr
     assert {probe["cuda_visible_devices"] for probe in _probes(sweep)} == {""}
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
