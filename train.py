@@ -106,23 +106,19 @@ def build_dataloaders(
     data: SplitData, batch_size: int, num_workers: int
 ) -> tuple[DataLoader[tuple[Tensor, ...]], DataLoader[tuple[Tensor, ...]]]:
     """Wrap the split in train (shuffled) and val loaders."""
-    # persistent_workers raises with num_workers=0; with workers it avoids re-forking each epoch.
-    persistent = num_workers > 0
-    train = DataLoader(
-        TensorDataset(data.x_train, data.y_train),
-        batch_size=batch_size,
-        shuffle=True,
-        num_workers=num_workers,
-        persistent_workers=persistent,
-    )
-    val = DataLoader(
-        TensorDataset(data.x_val, data.y_val),
-        batch_size=batch_size,
-        shuffle=False,
-        num_workers=num_workers,
-        persistent_workers=persistent,
-    )
-    return train, val
+
+    def loader(x: Tensor, y: Tensor, shuffle: bool) -> DataLoader[tuple[Tensor, ...]]:
+        # persistent_workers raises with num_workers=0; with workers it avoids re-forking
+        # them every epoch.
+        return DataLoader(
+            TensorDataset(x, y),
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+        )
+
+    return loader(data.x_train, data.y_train, True), loader(data.x_val, data.y_val, False)
 
 
 class MLPClassifier(pl.LightningModule):
