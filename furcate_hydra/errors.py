@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["ForkServerError", "FurcateConfigError", "JobCrashedError"]
+from collections.abc import Sequence
+
+__all__ = [
+    "ForkServerError",
+    "FurcateConfigError",
+    "JobCrashedError",
+    "name_list",
+    "positive_seconds",
+]
 
 
 class FurcateConfigError(ValueError):
@@ -17,6 +25,25 @@ class FurcateConfigError(ValueError):
         self.problem = problem
         self.fix = fix
         super().__init__(f"Invalid {key}={value!r}: {problem}. Fix: {fix}.")
+
+
+def positive_seconds(key: str, value: object, default: float) -> float:
+    """``value`` as seconds, or a FurcateConfigError naming ``key`` when it is not > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise FurcateConfigError(
+            key, value, "must be a positive number of seconds", f"set {key}={default:g}"
+        )
+    return float(value)
+
+
+def name_list(key: str, value: object, what: str, example: str) -> tuple[str, ...]:
+    """``value`` as a tuple of non-empty strings, or an error naming ``key`` and an example."""
+    items = [] if value is None else value
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        items = [None]  # not a list: reported below like a bad entry
+    if not all(isinstance(item, str) and item for item in items):
+        raise FurcateConfigError(key, value, f"must be a list of {what}", f"set e.g. {example}")
+    return tuple(str(item) for item in items)
 
 
 class JobCrashedError(RuntimeError):

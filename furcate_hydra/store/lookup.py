@@ -1,0 +1,109 @@
+"""Find the recorded runs of many configs at once: one query per batch, never one per job.
+
+MLflow's search filter cannot match a tag against a list of values, and loading whole runs
+costs ~1 ms each (params, metrics, tags). For database-backed stores the lookup therefore
+asks the store's own database one SELECT for just the runs' status and furcate tags. An
+MLflow server offers no such query; there the lookup pages through the experiment's
+fingerprinted runs with ``search_runs`` and filters them here.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Collection, Iterator
+from typing import Any
+
+from furcate_hydra.store.records import RunRecord, RunStatus, Tags
+
+__all__ = ["find_runs"]
+
+# Well under sqlite's limit on bound parameters per statement.
+_CHUNK = 500
+
+
+def find_runs(
+    client: Any, experiment_id: str, fingerprints: Collection[str]
+) -> dict[str, list[RunRecord]]:
+    """Active runs per fingerprint in the experiment, newest first; missing ones are absent."""
+    wanted = set(fingerprints)
+    if not wanted:
+        return {}
+    store = client._tracking_client.store
+    if hasattr(store, "ManagedSessionMaker"):
+        records = _from_database(store, experiment_id, wanted)
+    else:
+        records = _from_search(client, experiment_id, wanted)
+    found: dict[str, list[RunRecord]] = collections.defaultdict(list)
+    for record in records:
+        found[record.fingerprint].append(record)
+    for runs in found.values():
+        runs.sort(key=lambda r: r.start_time_ms, reverse=True)
+    return dict(found)
+
+
+def _from_database(store: Any, experiment_id: str, wanted: set[str]) -> Iterator[RunRecord]:
+    import sqlalchemy as sa
+    from mlflow.store.tracking.dbmodels.models import SqlRun, SqlTag
+
+    fp_tag = sa.orm.aliased(SqlTag)
+    other = sa.orm.aliased(SqlTag)
+    ordered = sorted(wanted)
+    rows: dict[str, tuple[str, str, int, dict[str, str]]] = {}
+    with store.ManagedSessionMaker() as session:
+        for start in range(0, len(ordered), _CHUNK):
+            chunk = ordered[start : start + _CHUNK]
+            query: Any = (
+                sa.select(
+                    SqlRun.run_uuid,
+                    SqlRun.status,
+                    SqlRun.start_time,
+                    fp_tag.value,
+                    other.key,
+                    other.value,
+                )
+                .join(
+                    fp_tag,
+                    sa.and_(fp_tag.run_uuid == SqlRun.run_uuid, fp_tag.key == Tags.FINGERPRINT),
+                )
+                .join(other, other.run_uuid == SqlRun.run_uuid)
+                .where(
+                    SqlRun.experiment_id == int(experiment_id),
+                    SqlRun.lifecycle_stage == "active",
+                    fp_tag.value.in_(chunk),
+                    sa.or_(other.key.like("furcate.%"), other.key == Tags.PARENT_RUN),
+                )
+            )
+            for run_id, status, start_time, fp, key, value in session.execute(query):
+                entry = rows.setdefault(run_id, (fp, status, int(start_time or 0), {}))
+                entry[3][key] = value
+    for run_id, (fp, status, start_time, tags) in rows.items():
+        yield RunRecord(run_id, fp, RunStatus.parse(status), start_time, tags)
+
+
+def _from_search(client: Any, experiment_id: str, wanted: set[str]) -> Iterator[RunRecord]:
+    token = None
+    while True:
+        page = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{Tags.FINGERPRINT}` LIKE '%'",
+            max_results=10000,
+            page_token=token,
+        )
+        for run in page:
+            fp = run.data.tags.get(Tags.FINGERPRINT)
+            if fp in wanted:
+                tags = {
+                    k: v
+                    for k, v in run.data.tags.items()
+                    if k.startswith("furcate.") or k == Tags.PARENT_RUN
+                }
+                yield RunRecord(
+                    run.info.run_id,
+                    fp,
+                    RunStatus.parse(run.info.status),
+                    int(run.info.start_time or 0),
+                    tags,
+                )
+        token = page.token
+        if not token:
+            return

@@ -1,0 +1,139 @@
+"""What the store keeps about a job: tag names, run states, and the recorded return value."""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import math
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "RETURN_VALUE_ARTIFACT",
+    "RunRecord",
+    "RunStatus",
+    "Tags",
+    "decode_return_value",
+    "encode_return_value",
+]
+
+# MLflow refuses tag values longer than this (mlflow.utils.validation.MAX_TAG_VAL_LENGTH).
+MAX_TAG_VALUE = 8000
+# A return value too big for a tag is logged as this artifact; the tag then says so.
+RETURN_VALUE_ARTIFACT = "furcate/return_value.pkl"
+
+
+class RunStatus(enum.Enum):
+    """MLflow's run states, as furcate uses them."""
+
+    RUNNING = "RUNNING"
+    SCHEDULED = "SCHEDULED"
+    FINISHED = "FINISHED"  # the task returned; its value is recorded
+    FAILED = "FAILED"  # the task raised, exited, or its process crashed
+    KILLED = "KILLED"  # the launcher stopped it (Ctrl-C, SIGTERM); resumable
+
+    @classmethod
+    def parse(cls, text: str) -> RunStatus:
+        return cls(text) if text in cls._value2member_map_ else cls.FAILED
+
+
+class Tags:
+    """Tag keys furcate writes on runs; one place so readers and writers agree."""
+
+    FINGERPRINT = "furcate.fingerprint"
+    OVERRIDES = "furcate.overrides"
+    JOB_NUM = "furcate.job_num"
+    OUTPUT_DIR = "furcate.output_dir"
+    CHECKPOINT_DIR = "furcate.checkpoint_dir"
+    HOST = "furcate.host"
+    BOOT_ID = "furcate.boot_id"
+    LAUNCHER_PID = "furcate.launcher_pid"
+    LAUNCHER_STARTED = "furcate.launcher_started"
+    RETURN_VALUE = "furcate.return_value"
+    ERROR = "furcate.error"
+    RESUMED = "furcate.resumed"
+    ROLE = "furcate.role"
+    HEARTBEAT = "furcate.heartbeat"
+    SWEEP_DIR = "furcate.sweep_dir"
+    PARENT_RUN = "mlflow.parentRunId"
+    RUN_NAME = "mlflow.runName"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One recorded run of a config, as read back from the store."""
+
+    run_id: str
+    fingerprint: str
+    status: RunStatus
+    start_time_ms: int
+    tags: dict[str, str]
+
+    @property
+    def parent_run_id(self) -> str | None:
+        return self.tags.get(Tags.PARENT_RUN)
+
+    @property
+    def output_dir(self) -> str | None:
+        return self.tags.get(Tags.OUTPUT_DIR)
+
+    @property
+    def checkpoint_dir(self) -> str | None:
+        return self.tags.get(Tags.CHECKPOINT_DIR)
+
+    @property
+    def has_return_value(self) -> bool:
+        return Tags.RETURN_VALUE in self.tags
+
+
+def encode_return_value(value: Any) -> str | None:
+    """Text for the return-value tag, or None when the value only fits in an artifact.
+
+    JSON when the value survives a JSON round trip unchanged (numbers, strings, plain
+    lists and dicts); otherwise a base64 pickle, so a skipped job returns exactly what the
+    task returned (a tuple stays a tuple, a numpy float stays one).
+    """
+    try:
+        text = json.dumps(value, allow_nan=True)
+        if _same(json.loads(text), value):
+            encoded = "json:" + text
+            if len(encoded) <= MAX_TAG_VALUE:
+                return encoded
+    except (TypeError, ValueError):
+        pass
+    try:
+        data = pickle.dumps(value)
+    except Exception:  # the task returned something unpicklable: it is recorded as its repr
+        return "repr:" + repr(value)[: MAX_TAG_VALUE - 5]
+    encoded = "pickle:" + base64.b64encode(data).decode("ascii")
+    return encoded if len(encoded) <= MAX_TAG_VALUE else None
+
+
+def decode_return_value(text: str) -> Any:
+    """Inverse of ``encode_return_value``; a ``repr:`` record comes back as that text."""
+    kind, _, body = text.partition(":")
+    if kind == "json":
+        return json.loads(body)
+    if kind == "pickle":
+        return pickle.loads(base64.b64decode(body))
+    if kind == "repr":
+        return body
+    raise ValueError(f"unknown return-value record {text[:40]!r}")
+
+
+def _same(decoded: Any, original: Any) -> bool:
+    if type(decoded) is not type(original):
+        return False
+    if isinstance(original, float) and math.isnan(original):
+        return math.isnan(decoded)
+    if isinstance(original, list):
+        return len(decoded) == len(original) and all(map(_same, decoded, original))
+    if isinstance(original, dict):
+        return (
+            all(isinstance(k, str) for k in original)
+            and decoded.keys() == original.keys()
+            and all(_same(decoded[k], original[k]) for k in original)
+        )
+    return bool(decoded == original)

@@ -1,0 +1,101 @@
+"""furcate's per-job ``run_data.json`` and per-sweep ``run_data.csv``, written atomically."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from furcate_hydra.atomic import atomic_write_bytes
+
+__all__ = ["JobRow", "write_run_data_csv", "write_run_data_json"]
+
+RUN_DATA_JSON = "run_data.json"
+RUN_DATA_CSV = "run_data.csv"
+
+
+@dataclass
+class JobRow:
+    """One job of a sweep as it ended (or was skipped)."""
+
+    job_num: int
+    overrides: list[str]
+    status: str  # FINISHED / FAILED / KILLED, as recorded in MLflow
+    skipped: bool
+    run_id: str | None
+    fingerprint: str
+    output_dir: str
+    return_value: Any = None
+    error: str | None = None
+    start: float | None = None
+    end: float | None = None
+    resumed: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.start is None or self.end is None:
+            return None
+        return round(self.end - self.start, 3)
+
+
+def write_run_data_json(
+    path: Path, row: JobRow, config: Mapping[str, Any], details: Mapping[str, Any]
+) -> None:
+    """The job's config, timings and results, for people and scripts reading the output dir."""
+    data = {
+        **asdict(row),
+        "duration_s": row.duration_s,
+        "return_value": _jsonable(row.return_value),
+        "config": config,
+        **details,
+    }
+    atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"))
+
+
+def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
+    """One row per job, metric columns the union over jobs, ordered by job number."""
+    metric_names = sorted({name for row in rows for name in row.metrics})
+    columns = [
+        "job_num",
+        "overrides",
+        "status",
+        "skipped",
+        "resumed",
+        "return_value",
+        *metric_names,
+        "start",
+        "end",
+        "duration_s",
+        "run_id",
+        "fingerprint",
+        "output_dir",
+        "error",
+    ]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in sorted(rows, key=lambda r: r.job_num):
+        writer.writerow(
+            {
+                **asdict(row),
+                **row.metrics,
+                "overrides": " ".join(row.overrides),
+                "return_value": json.dumps(_jsonable(row.return_value)),
+                "duration_s": row.duration_s,
+                "error": (row.error or "").splitlines()[0] if row.error else "",
+            }
+        )
+    atomic_write_bytes(path, buffer.getvalue().encode("utf-8"))
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value

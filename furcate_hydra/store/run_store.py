@@ -1,0 +1,277 @@
+"""MLflow as furcate's memory: one run per job under one parent run per sweep invocation.
+
+    RunStore.open(uri) ──► check the store answers, get/create the experiment
+    start_sweep()      ──► parent run (RUNNING) + heartbeat thread
+    decide(fps)        ──► one lookup for a batch ──► skip / resume / run per fingerprint
+    create_job_run()   ──► child run (RUNNING): tags, params      ──► the job logs into it
+    finish_job_run()   ──► FINISHED / FAILED / KILLED + return value + artifacts
+    finish_sweep()     ──► parent run's final status
+
+The launcher owns every status change; jobs only log metrics and artifacts into their run.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from furcate_hydra.store.decisions import Decision, Rerun, decide
+from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
+from furcate_hydra.store.lookup import find_runs
+from furcate_hydra.store.records import (
+    RETURN_VALUE_ARTIFACT,
+    RunRecord,
+    RunStatus,
+    Tags,
+    decode_return_value,
+    encode_return_value,
+)
+from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri
+
+__all__ = ["RunStore"]
+
+log = logging.getLogger(__name__)
+
+# MLflow's cap on params or tags in one log_batch call.
+_BATCH = 100
+
+
+class RunStore:
+    """One launcher's connection to the tracking store. Used from one thread (plus its own
+    heartbeat thread, which has a client of its own)."""
+
+    def __init__(
+        self, tracking: TrackingUri, experiment_name: str, heartbeat_s: float, stale_after_s: float
+    ) -> None:
+        from mlflow.tracking import MlflowClient
+
+        check_tracking_uri(tracking)
+        self.tracking_uri = tracking.uri
+        self.client = MlflowClient(tracking.uri)
+        self.experiment_id = self._experiment(experiment_name)
+        self.experiment_name = experiment_name
+        self.identity = LauncherIdentity.current()
+        self.heartbeat_s = heartbeat_s
+        self.stale_after_s = stale_after_s
+        self.sweep_run_id: str | None = None
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # -- the sweep ----------------------------------------------------------------------
+
+    def start_sweep(self, run_name: str, tags: Mapping[str, str]) -> str:
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=run_name,
+            tags={**tags, **self.identity.tags(), Tags.ROLE: "sweep", Tags.HEARTBEAT: _now()},
+        )
+        self.sweep_run_id = run.info.run_id
+        self._heartbeat = threading.Thread(
+            target=self._beat, args=(run.info.run_id,), name="furcate-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+        return self.sweep_run_id
+
+    def finish_sweep(self, status: RunStatus, artifacts: Iterable[Path] = ()) -> None:
+        self._stop_heartbeat.set()
+        if self.sweep_run_id is None:
+            return
+        for path in artifacts:
+            if path.exists():
+                self.client.log_artifact(self.sweep_run_id, str(path))
+        self.client.set_terminated(self.sweep_run_id, status.value)
+        self.sweep_run_id = None
+
+    def log_sweep_artifact(self, path: Path) -> None:
+        if self.sweep_run_id is not None and path.exists():
+            self.client.log_artifact(self.sweep_run_id, str(path))
+
+    # -- deciding -----------------------------------------------------------------------
+
+    def decide(self, fingerprints: Collection[str], rerun: Rerun) -> dict[str, Decision]:
+        """One lookup for the whole batch, then a decision per fingerprint."""
+        found = find_runs(self.client, self.experiment_id, fingerprints)
+        heartbeats = self._heartbeats(
+            r.parent_run_id
+            for runs in found.values()
+            for r in runs
+            if r.status is RunStatus.RUNNING and r.parent_run_id
+        )
+        now = time.time()
+
+        def gone(record: RunRecord) -> str | None:
+            beat = heartbeats.get(record.parent_run_id or "")
+            return launcher_gone(record, self.identity, beat, now, self.stale_after_s)
+
+        return {fp: decide(found.get(fp, []), rerun, gone) for fp in fingerprints}
+
+    def recorded_return_value(self, record: RunRecord) -> Any:
+        text = record.tags.get(Tags.RETURN_VALUE)
+        if text is None:
+            return None
+        if text == "artifact:" + RETURN_VALUE_ARTIFACT:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = self.client.download_artifacts(record.run_id, RETURN_VALUE_ARTIFACT, tmp)
+                return decode_return_value("pickle:" + _b64(Path(path).read_bytes()))
+        return decode_return_value(text)
+
+    # -- job runs -----------------------------------------------------------------------
+
+    def create_job_run(
+        self, run_name: str, tags: Mapping[str, str], params: Mapping[str, str]
+    ) -> str:
+        """A RUNNING child run of the sweep, with the job's tags and its config as params."""
+        from mlflow.entities import Param
+
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags=self._job_tags(tags)
+        )
+        run_id: str = run.info.run_id
+        items = [Param(k, v) for k, v in params.items()]
+        for start in range(0, len(items), _BATCH):
+            self.client.log_batch(run_id, params=items[start : start + _BATCH], synchronous=True)
+        return run_id
+
+    def reopen_job_run(self, record: RunRecord, tags: Mapping[str, str]) -> str:
+        """Mark an interrupted or stopped run RUNNING again, now owned by this launcher."""
+        self.client.update_run(record.run_id, status=RunStatus.RUNNING.value)
+        resumed = int(record.tags.get(Tags.RESUMED, "0") or 0) + 1
+        self._set_tags(record.run_id, {**self._job_tags(tags), Tags.RESUMED: str(resumed)})
+        return record.run_id
+
+    def finish_job_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        return_value: Any = None,
+        error: str | None = None,
+        artifacts: Iterable[Path] = (),
+        end_time: float | None = None,
+    ) -> None:
+        """Record the outcome the launcher saw; the job itself never ends its run."""
+        from mlflow.entities import Metric, RunTag
+
+        tags: dict[str, str] = {}
+        metrics = []
+        if status is RunStatus.FINISHED:
+            encoded = encode_return_value(return_value)
+            if encoded is None:
+                self._log_pickled_return_value(run_id, return_value)
+                encoded = "artifact:" + RETURN_VALUE_ARTIFACT
+            tags[Tags.RETURN_VALUE] = encoded
+            if isinstance(return_value, int | float) and not isinstance(return_value, bool):
+                stamp = int((end_time or time.time()) * 1000)
+                metrics.append(Metric("return_value", float(return_value), stamp, 0))
+        if error:
+            tags[Tags.ERROR] = error[-7900:]
+        if tags or metrics:
+            self.client.log_batch(
+                run_id,
+                metrics=metrics,
+                tags=[RunTag(k, v) for k, v in tags.items()],
+                synchronous=True,
+            )
+        for path in artifacts:
+            if path.exists():
+                self.client.log_artifact(run_id, str(path))
+        end_ms = int((end_time or time.time()) * 1000)
+        self.client.set_terminated(run_id, status=status.value, end_time=end_ms)
+
+    def latest_metrics(self, run_ids: Collection[str]) -> dict[str, dict[str, float]]:
+        """Each run's latest metric values, in one search (for run_data.csv)."""
+        if not run_ids:
+            return {}
+        quoted = ", ".join(f"'{run_id}'" for run_id in run_ids)
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"attributes.run_id IN ({quoted})",
+            max_results=max(len(run_ids), 1),
+        )
+        return {run.info.run_id: dict(run.data.metrics) for run in runs}
+
+    def close(self) -> None:
+        self._stop_heartbeat.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _job_tags(self, tags: Mapping[str, str]) -> dict[str, str]:
+        parent = {Tags.PARENT_RUN: self.sweep_run_id} if self.sweep_run_id else {}
+        return {**tags, **self.identity.tags(), **parent}
+
+    def _set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, v) for k, v in tags.items()]
+        for start in range(0, len(items), _BATCH):
+            self.client.log_batch(run_id, tags=items[start : start + _BATCH], synchronous=True)
+
+    def _log_pickled_return_value(self, run_id: str, value: Any) -> None:
+        import pickle
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(RETURN_VALUE_ARTIFACT).name
+            path.write_bytes(pickle.dumps(value))
+            self.client.log_artifact(run_id, str(path), str(Path(RETURN_VALUE_ARTIFACT).parent))
+
+    def _experiment(self, name: str) -> str:
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            if experiment.lifecycle_stage == "deleted":
+                self.client.restore_experiment(experiment.experiment_id)
+            return str(experiment.experiment_id)
+        try:
+            return str(self.client.create_experiment(name, artifact_location=self._artifacts()))
+        except MlflowException:
+            # Another launcher created it between our two calls.
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return str(experiment.experiment_id)
+
+    def _artifacts(self) -> str | None:
+        # Next to a sqlite file rather than under whatever directory the launcher runs in, so
+        # the store and its artifacts stay together (MLflow's ./mlruns when run beside it).
+        if not self.tracking_uri.startswith("sqlite:///"):
+            return None
+        return str(Path(self.tracking_uri[len("sqlite:///") :]).parent / "mlruns")
+
+    def _heartbeats(self, parent_ids: Iterable[str]) -> dict[str, float]:
+        beats: dict[str, float] = {}
+        for parent_id in set(parent_ids):
+            try:
+                tags = self.client.get_run(parent_id).data.tags
+            except Exception:  # a deleted parent: no heartbeat, the child counts as orphaned
+                continue
+            if Tags.HEARTBEAT in tags:
+                beats[parent_id] = float(tags[Tags.HEARTBEAT])
+        return beats
+
+    def _beat(self, run_id: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(self.tracking_uri)
+        while not self._stop_heartbeat.wait(self.heartbeat_s):
+            try:
+                client.set_tag(run_id, Tags.HEARTBEAT, _now())
+            except Exception as exc:  # a busy store must not stop the sweep
+                log.debug("heartbeat not recorded: %s", exc)
+
+
+def _now() -> str:
+    return f"{time.time():.3f}"
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode("ascii")

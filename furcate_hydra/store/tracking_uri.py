@@ -1,0 +1,116 @@
+"""Which MLflow store jobs record into, and a check that it answers before anything runs."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from furcate_hydra.errors import FurcateConfigError
+
+__all__ = ["DEFAULT_TRACKING_URI", "TrackingUri", "check_tracking_uri", "resolve_tracking_uri"]
+
+# MLflow 3's own default: a sqlite file in the working directory, which `mlflow ui` opens.
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+URI_KEY = "hydra.launcher.mlflow.tracking_uri"
+ENV_KEY = "MLFLOW_TRACKING_URI"
+_SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+@dataclass(frozen=True)
+class TrackingUri:
+    """An absolute tracking URI and the setting it came from (named in errors)."""
+
+    uri: str
+    source: str
+
+
+def resolve_tracking_uri(
+    configured: str | None, environ: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> TrackingUri:
+    """The configured URI, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``.
+
+    A relative sqlite path is made absolute against ``cwd`` (the launcher's working
+    directory), because jobs may change directory (``hydra.job.chdir``) and must still write
+    into the same file.
+    """
+    environ = os.environ if environ is None else environ
+    if configured:
+        uri, source = configured, URI_KEY
+    elif environ.get(ENV_KEY):
+        uri, source = environ[ENV_KEY], ENV_KEY
+    else:
+        uri, source = DEFAULT_TRACKING_URI, URI_KEY
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///") :]
+        if path and not path.startswith("/") and path != ":memory:":
+            uri = "sqlite:///" + str((cwd or Path.cwd()) / path)
+    return TrackingUri(uri, source)
+
+
+def check_tracking_uri(tracking: TrackingUri, timeout_s: float = 5.0) -> None:
+    """Fail fast, naming the URI and the fix, when the store cannot be used.
+
+    MLflow's HTTP client retries an unreachable server for minutes; a sweep should say so
+    in seconds and before any job starts.
+    """
+    uri, key = tracking.uri, tracking.source
+    scheme = urlparse(uri).scheme
+    base = scheme.split("+")[0]
+    if base == "sqlite":
+        _check_sqlite(uri, key)
+    elif base in ("http", "https"):
+        _check_server(uri, key, timeout_s)
+    elif base not in _SQL_SCHEMES and base != "databricks":
+        raise FurcateConfigError(
+            key,
+            uri,
+            "furcate records jobs in a database-backed MLflow store (sqlite, postgresql, "
+            "mysql, mssql) or an MLflow server (http, https)",
+            f"unset it to use {DEFAULT_TRACKING_URI} in the working directory, or give "
+            "http://HOST:PORT of an `mlflow server`",
+        )
+
+
+def _check_sqlite(uri: str, key: str) -> None:
+    path = uri[len("sqlite:///") :]
+    if not path or path == ":memory:":
+        raise FurcateConfigError(
+            key,
+            uri,
+            "an in-memory sqlite store vanishes with each process, so jobs cannot share it",
+            f"use a file, e.g. {DEFAULT_TRACKING_URI}",
+        )
+    folder = Path(path).parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise FurcateConfigError(
+            key,
+            uri,
+            f"the folder {folder} does not exist or is not writable",
+            "create the folder, or point the URI at a writable path",
+        )
+
+
+def _check_server(uri: str, key: str, timeout_s: float) -> None:
+    health = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(health, timeout=timeout_s) as response:
+            if response.status == 200:
+                return
+            problem = f"{health} answered HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        problem = f"{health} answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        problem = f"no MLflow server answers there ({reason})"
+    raise FurcateConfigError(
+        key,
+        uri,
+        problem,
+        "start the server (e.g. `mlflow server --host 127.0.0.1 --port 5000`) or fix the "
+        f"address; unset it and MLFLOW_TRACKING_URI to record into {DEFAULT_TRACKING_URI}",
+    )
