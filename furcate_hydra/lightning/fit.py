@@ -1,0 +1,190 @@
+"""``fit``: train a LightningModule as a furcate job (resume, history, plots, MLflow run).
+
+JobEnv ──► find_resume_checkpoint(checkpoint_dir) ──► Trainer.fit(ckpt_path=...)
+             each epoch: MetricsHistory ──► history.json, AtomicCheckpoint ──► epoch=N.ckpt
+after fit: plots/*.png, final.ckpt (hard link) ──► artifacts of the job's run (if recording)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from mlflow.tracking import MlflowClient
+from pytorch_lightning.loggers import Logger
+
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.lightning.checkpoint import (
+    AtomicCheckpoint,
+    find_resume_checkpoint,
+    read_pointer,
+)
+from furcate_hydra.lightning.history import MetricsHistory, scalar_metrics
+from furcate_hydra.lightning.job_env import JobEnv
+from furcate_hydra.lightning.logger import RunBoundMLFlowLogger
+from furcate_hydra.lightning.plots import PLOTS_DIR, plot_history
+
+__all__ = ["CHECKPOINT_ARTIFACT_DIR", "FINAL_CHECKPOINT_NAME", "FitResult", "fit"]
+
+FINAL_CHECKPOINT_NAME = "final.ckpt"
+CHECKPOINT_ARTIFACT_DIR = "checkpoints"
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What one ``fit`` did.
+
+    Attributes:
+        metrics: ``trainer.callback_metrics`` after fit, as floats (non-scalars left out).
+        epochs_completed: ``trainer.current_epoch`` after fit, counting resumed epochs.
+        resumed_from: The verified checkpoint training resumed from, or None.
+        resumed_at_epoch: The first epoch this fit ran when resuming, or None.
+        history_path: ``history.json`` in the output dir.
+        plot_paths: The PNGs under ``<output_dir>/plots/``.
+        checkpoint_path: ``<output_dir>/final.ckpt``, or None when no checkpoint exists (and on
+            ranks other than zero).
+    """
+
+    metrics: dict[str, float]
+    epochs_completed: int
+    resumed_from: Path | None
+    resumed_at_epoch: int | None
+    history_path: Path
+    plot_paths: list[Path]
+    checkpoint_path: Path | None
+
+
+def fit(
+    model: pl.LightningModule,
+    *,
+    train_dataloaders: Any = None,
+    val_dataloaders: Any = None,
+    datamodule: pl.LightningDataModule | None = None,
+    trainer_options: Mapping[str, Any] | None = None,
+    env: JobEnv | None = None,
+) -> FitResult:
+    """Train ``model``, resuming from the run's last verified checkpoint if there is one.
+
+    The trainer gets :class:`MetricsHistory` and :class:`AtomicCheckpoint` ahead of the callbacks
+    in ``trainer_options``, and a :class:`RunBoundMLFlowLogger` when ``env.recording``. The final
+    checkpoint is hard-linked (copied where links fail) into the output dir as ``final.ckpt``, so
+    it costs no space and outlives pruning. When recording, ``history.json``, ``plots/*.png`` and
+    ``checkpoints/final.ckpt`` become artifacts of the run; the run's status is left alone.
+
+    Args:
+        model: The module to train.
+        train_dataloaders: Passed to ``Trainer.fit``.
+        val_dataloaders: Passed to ``Trainer.fit``.
+        datamodule: Passed to ``Trainer.fit``.
+        trainer_options: ``Trainer`` arguments. ``logger`` and ``enable_checkpointing`` belong to
+            ``fit`` (only absent, None or True are accepted); ``default_root_dir`` defaults to the
+            output dir.
+        env: Where to write and what run to record into; read from the environment by default.
+
+    Returns:
+        A :class:`FitResult`.
+
+    Raises:
+        FurcateConfigError: ``trainer_options`` sets something ``fit`` owns.
+    """
+    env = env if env is not None else JobEnv.from_environ()
+    options = _trainer_options(trainer_options, env)
+    user_callbacks = options.pop("callbacks")
+    history = MetricsHistory(env.output_dir)
+    checkpoint = AtomicCheckpoint(env.checkpoint_dir)
+    logger: Logger | bool = RunBoundMLFlowLogger.from_env(env) if env.recording else False
+    trainer = pl.Trainer(
+        **options,
+        logger=logger,
+        # history first: the row of an epoch must be in the checkpoint saved for that epoch
+        callbacks=[history, checkpoint, *user_callbacks],
+        # False would make Lightning reject our Checkpoint callbacks; with them present it adds
+        # no ModelCheckpoint of its own
+        enable_checkpointing=True,
+    )
+    resume = find_resume_checkpoint(env.checkpoint_dir)
+    pointer = read_pointer(env.checkpoint_dir) if resume is not None else None
+    trainer.fit(
+        model,
+        train_dataloaders=train_dataloaders,
+        val_dataloaders=val_dataloaders,
+        datamodule=datamodule,
+        ckpt_path=resume,
+    )
+
+    history_path = history.path
+    plots: list[Path] = []
+    kept: Path | None = None
+    if trainer.is_global_zero:
+        history.write()
+        plots = plot_history(history.rows, env.output_dir)
+        final = checkpoint.last_saved or resume
+        if final is not None:
+            kept = _link_or_copy(final, env.output_dir / FINAL_CHECKPOINT_NAME)
+        if env.tracking_uri is not None and env.run_id is not None:  # env.recording
+            _log_artifacts(MlflowClient(env.tracking_uri), env.run_id, history_path, plots, kept)
+    return FitResult(
+        metrics=scalar_metrics(trainer.callback_metrics),
+        epochs_completed=trainer.current_epoch,
+        resumed_from=resume,
+        resumed_at_epoch=pointer.epoch + 1 if pointer is not None else None,
+        history_path=history_path,
+        plot_paths=plots,
+        checkpoint_path=kept,
+    )
+
+
+def _trainer_options(given: Mapping[str, Any] | None, env: JobEnv) -> dict[str, Any]:
+    options = dict(given or {})
+    for key, why in (
+        ("logger", "fit logs into the job's MLflow run itself"),
+        ("enable_checkpointing", "fit always checkpoints every epoch with AtomicCheckpoint"),
+    ):
+        if options.get(key, True) not in (None, True):
+            raise FurcateConfigError(
+                f"trainer_options.{key}", options[key], why, f"remove {key} from trainer_options"
+            )
+        options.pop(key, None)
+    callbacks = options.get("callbacks") or []
+    if isinstance(callbacks, pl.Callback):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, list | tuple) or not all(
+        isinstance(cb, pl.Callback) for cb in callbacks
+    ):
+        raise FurcateConfigError(
+            "trainer_options.callbacks",
+            callbacks,
+            "must be a Callback or a list of them",
+            "pass instantiated pytorch_lightning callbacks",
+        )
+    options["callbacks"] = list(callbacks)
+    options.setdefault("default_root_dir", str(env.output_dir))
+    return options
+
+
+def _link_or_copy(source: Path, target: Path) -> Path:
+    # via a temporary name, so an existing final.ckpt is replaced in one step
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def _log_artifacts(
+    client: MlflowClient, run_id: str, history: Path, plots: list[Path], checkpoint: Path | None
+) -> None:
+    client.log_artifact(run_id, str(history))
+    for plot in plots:
+        client.log_artifact(run_id, str(plot), PLOTS_DIR)
+    if checkpoint is not None:
+        client.log_artifact(run_id, str(checkpoint), CHECKPOINT_ARTIFACT_DIR)

@@ -1,0 +1,162 @@
+"""fit() bound to a real MLflow run (sqlite store in tmp_path), and JobEnv."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from mlflow.entities import RunStatus
+from mlflow.tracking import MlflowClient
+
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.lightning import (
+    CHECKPOINT_DIR_VAR,
+    EXPERIMENT_ID_VAR,
+    OUTPUT_DIR_VAR,
+    RUN_ID_VAR,
+    TRACKING_URI_VAR,
+    JobEnv,
+    fit,
+)
+from tests.test_lightning_checkpoint import OPTIONS, TinyModule, loaders, run_fit
+
+ALL_VARS = (TRACKING_URI_VAR, RUN_ID_VAR, EXPERIMENT_ID_VAR, OUTPUT_DIR_VAR, CHECKPOINT_DIR_VAR)
+
+
+@dataclass(frozen=True)
+class Store:
+    uri: str
+    client: MlflowClient
+    experiment_id: str
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """One sqlite store for the module: creating one runs the migrations (~1.5 s)."""
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("jobs", artifact_location=(root / "art").as_uri())
+    return Store(uri, client, experiment_id)
+
+
+@pytest.fixture
+def launched(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, Path]]:
+    """What the launcher does before starting a job: a RUNNING run with the config as params."""
+    run_id = store.client.create_run(store.experiment_id).info.run_id
+    store.client.log_param(run_id, "learning_rate", "0.05")  # the model's value too
+    store.client.log_param(run_id, "hidden", "999")  # the model says 8: a conflict
+    out = tmp_path / "job"
+    for name, value in (
+        (TRACKING_URI_VAR, store.uri),
+        (RUN_ID_VAR, run_id),
+        (EXPERIMENT_ID_VAR, store.experiment_id),
+        (OUTPUT_DIR_VAR, str(out)),
+        (CHECKPOINT_DIR_VAR, str(tmp_path / "ckpt")),
+    ):
+        monkeypatch.setenv(name, value)
+    yield run_id, out
+
+
+def test_fit_records_into_the_launchers_run_and_leaves_it_running(
+    store: Store, launched: tuple[str, Path]
+) -> None:
+    run_id, out = launched
+    runs_before = len(store.client.search_runs([store.experiment_id]))
+
+    _, result = run_fit(JobEnv.from_environ(), max_epochs=3)
+
+    run = store.client.get_run(run_id)
+    assert run.info.status == RunStatus.to_string(RunStatus.RUNNING)
+    # existing params untouched (the conflicting one silently kept), missing ones added
+    assert run.data.params["learning_rate"] == "0.05"
+    assert run.data.params["hidden"] == "999"
+    assert run.data.params["tag"] == "tiny"
+    assert len(store.client.search_runs([store.experiment_id])) == runs_before
+
+    val_loss = store.client.get_metric_history(run_id, "val_loss")
+    history = json.loads((out / "history.json").read_text())
+    # Lightning logs epoch-end metrics at global_step - 1, the step of the epoch's last batch
+    assert [m.step for m in val_loss] == [row["step"] - 1 for row in history]
+    assert len(store.client.get_metric_history(run_id, "train_loss_epoch")) == 3
+
+    artifacts = {a.path for a in store.client.list_artifacts(run_id)}
+    assert artifacts == {"history.json", "plots", "checkpoints"}
+    plots = {a.path for a in store.client.list_artifacts(run_id, "plots")}
+    assert plots == {"plots/loss.png", "plots/epoch_marker.png"}
+    assert {a.path for a in store.client.list_artifacts(run_id, "checkpoints")} == {
+        "checkpoints/final.ckpt"
+    }
+    assert result.checkpoint_path == out / "final.ckpt"
+    assert result.metrics["val_loss"] == pytest.approx(history[-1]["val_loss"])
+
+
+def test_failed_fit_leaves_the_run_to_the_launcher(
+    store: Store, launched: tuple[str, Path]
+) -> None:
+    run_id, _ = launched
+    model = TinyModule()
+    model.fail_at_epoch = 1
+    with pytest.raises(RuntimeError, match="planned failure"):
+        run_fit(JobEnv.from_environ(), max_epochs=3, model=model)
+    status = store.client.get_run(run_id).info.status
+    assert status == RunStatus.to_string(RunStatus.RUNNING)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("logger", False), ("enable_checkpointing", False), ("callbacks", "x")]
+)
+def test_options_fit_owns_are_rejected(key: str, value: object, tmp_path: Path) -> None:
+    env = JobEnv(tmp_path, tmp_path / "checkpoints")
+    with pytest.raises(FurcateConfigError, match=rf"trainer_options\.{key}="):
+        fit(TinyModule(), **loaders(), trainer_options={**OPTIONS, key: value}, env=env)
+
+
+def test_job_env_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = JobEnv.from_environ({})
+    assert env == JobEnv(tmp_path, tmp_path / "checkpoints", None, None, None)
+    assert not env.recording
+
+    given = JobEnv.from_environ({OUTPUT_DIR_VAR: ""}, default_output_dir=tmp_path / "out")
+    assert given.output_dir == tmp_path / "out"
+    assert given.checkpoint_dir == tmp_path / "out" / "checkpoints"
+
+
+def test_job_env_explicit_values(tmp_path: Path) -> None:
+    env = JobEnv.from_environ(
+        {
+            TRACKING_URI_VAR: "http://127.0.0.1:5000",
+            RUN_ID_VAR: "abc123",
+            EXPERIMENT_ID_VAR: "7",
+            OUTPUT_DIR_VAR: str(tmp_path / "out"),
+            CHECKPOINT_DIR_VAR: str(tmp_path / "ckpt"),
+        },
+        default_output_dir=tmp_path / "ignored",
+    )
+    assert env == JobEnv(
+        tmp_path / "out", tmp_path / "ckpt", "http://127.0.0.1:5000", "abc123", "7"
+    )
+    assert env.recording
+
+
+def test_run_id_without_tracking_uri_is_not_recording(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        env = JobEnv.from_environ({RUN_ID_VAR: "abc123"})
+    assert not env.recording
+    assert f"{TRACKING_URI_VAR} is not" in caplog.text
+
+
+def test_job_env_reads_os_environ_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ALL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    assert not JobEnv.from_environ().recording
+    monkeypatch.setenv(TRACKING_URI_VAR, "sqlite:////tmp/x.db")
+    monkeypatch.setenv(RUN_ID_VAR, "r1")
+    assert JobEnv.from_environ().run_id == "r1"
