@@ -10,6 +10,7 @@ import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -17,11 +18,14 @@ import numpy as np
 import numpy.typing as npt
 import pytorch_lightning as pl
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 from sklearn.model_selection import train_test_split
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from furcate_hydra.lightning import JobEnv, fit
 
 log = logging.getLogger(__name__)
 
@@ -195,36 +199,45 @@ def build_model(cfg: DictConfig, data: SplitData) -> MLPClassifier:
     )
 
 
-def build_trainer(cfg: DictConfig) -> pl.Trainer:
-    """A quiet, deterministic single-device trainer that writes no files."""
-    return pl.Trainer(
-        max_epochs=int(cfg.epochs),
+def trainer_options(cfg: DictConfig) -> dict[str, Any]:
+    """A quiet, deterministic single-device trainer; furcate adds logging and checkpoints."""
+    return {
+        "max_epochs": int(cfg.epochs),
         # The launcher narrows CUDA_VISIBLE_DEVICES to one slot, so "auto" + 1 device uses it.
-        accelerator=str(cfg.get("accelerator", "auto")),
-        devices=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        # Many jobs share one output tree; the return value and the Hydra log carry results.
-        logger=False,
-        enable_checkpointing=False,
-        deterministic=True,
+        "accelerator": str(cfg.get("accelerator", "auto")),
+        "devices": 1,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "deterministic": True,
         # An epoch is only a few dozen batches, so the default of 50 would never log a step.
-        log_every_n_steps=1,
-    )
+        "log_every_n_steps": 1,
+    }
 
 
-def fit_and_evaluate(cfg: DictConfig) -> float:
-    """Seed, train for ``cfg.epochs`` and return the last epoch's validation accuracy."""
+def fit_and_evaluate(cfg: DictConfig, env: JobEnv | None = None) -> float:
+    """Seed, train for ``cfg.epochs`` and return the last epoch's validation accuracy.
+
+    Under the furcate launcher the metrics go to the job's MLflow run, a checkpoint is saved
+    atomically after every epoch, and an interrupted job continues from its last one. Without
+    it, the same files (history.json, plots, checkpoints) land in the working directory.
+    """
     pl.seed_everything(int(cfg.seed), workers=True)
     data = load_data(str(cfg.data_name), float(cfg.val_fraction), int(cfg.seed))
     train_loader, val_loader = build_dataloaders(data, int(cfg.batch_size), int(cfg.num_workers))
     model = build_model(cfg, data)
-    trainer = build_trainer(cfg)
-    trainer.fit(model, train_dataloaders=train_loader, val_dataloaders=val_loader)
-    val_acc = trainer.callback_metrics.get("val_acc")
+    result = fit(
+        model,
+        train_dataloaders=train_loader,
+        val_dataloaders=val_loader,
+        trainer_options=trainer_options(cfg),
+        env=env,
+    )
+    if result.resumed_from is not None:
+        log.info("resumed at epoch %d from %s", result.resumed_at_epoch, result.resumed_from)
+    val_acc = result.metrics.get("val_acc")
     if val_acc is None:
         raise RuntimeError("training finished without logging val_acc (was epochs >= 1?)")
-    return float(val_acc.item())
+    return float(val_acc)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -233,7 +246,10 @@ def main(cfg: DictConfig) -> float:
     # Data lives in memory as tensors, so loader workers would only add process overhead;
     # num_workers=0 is deliberate and Lightning's hint about it is noise here.
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    val_acc = fit_and_evaluate(cfg)
+    # Called directly (tests, notebooks) there is no Hydra run: files go to the working dir.
+    output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    env = JobEnv.from_environ(default_output_dir=output_dir)
+    val_acc = fit_and_evaluate(cfg, env)
     log.info(
         "data_name=%s optimizer=%s learning_rate=%g weight_decay=%g batch_size=%d epochs=%d "
         "hidden_sizes=%s dropout=%g seed=%d -> val_acc=%.4f",

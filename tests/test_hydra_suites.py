@@ -1,7 +1,8 @@
 """Hydra's own conformance suites, run against ``hydra/launcher=furcate``.
 
 The suites' tasks do not use torch, so the fork server preloads nothing here; the default
-preload is exercised by the reference-app tests.
+preload is exercised by the reference-app tests. Some suite cases run one config twice and
+expect it to run twice, so every job is recorded in MLflow but none is skipped (rerun=all).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pytest import mark
 
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
-FAST = ["hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]"]
+FAST = ["hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]", "hydra.launcher.rerun=all"]
 
 
 def test_discovery() -> None:

@@ -65,7 +65,9 @@ def test_crashed_job_is_retried_when_asked(launch_jobs: LaunchJobs, tmp_path: Pa
         assert len(list(markers.glob("crashed-*"))) == 1
         for marker in markers.iterdir():
             marker.unlink()
-        (not_retried,) = launch_jobs([["mode=crash_once"]], ["hydra.launcher.max_retries=0"])
+        (not_retried,) = launch_jobs(
+            [["mode=crash_once"]], ["hydra.launcher.max_retries=0", "hydra.launcher.rerun=all"]
+        )
         assert not_retried.status is JobStatus.FAILED
     finally:
         del os.environ["PROBE_MARKER_DIR"]

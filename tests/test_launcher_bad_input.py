@@ -26,6 +26,32 @@ CASES = [
         "hydra.launcher.jobs_per_gpu",
         "2",
     ),
+    (["hydra.launcher.rerun=sometimes"], {}, "hydra.launcher.rerun", "'sometimes'"),
+    (["hydra.launcher.mlflow.heartbeat_s=0"], {}, "hydra.launcher.mlflow.heartbeat_s", "0"),
+    (
+        ["hydra.launcher.mlflow.tracking_uri=http://127.0.0.1:9"],
+        {},
+        "hydra.launcher.mlflow.tracking_uri",
+        "'http://127.0.0.1:9'",
+    ),
+    (
+        [],
+        {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},
+        "MLFLOW_TRACKING_URI",
+        "'http://127.0.0.1:9'",
+    ),
+    (
+        ["hydra.launcher.mlflow.tracking_uri=sqlite:////no/such/folder/mlflow.db"],
+        {},
+        "hydra.launcher.mlflow.tracking_uri",
+        "/no/such/folder",
+    ),
+    (
+        ["hydra.launcher.mlflow.tracking_uri=ftp://example.org/runs"],
+        {},
+        "hydra.launcher.mlflow.tracking_uri",
+        "'ftp://example.org/runs'",
+    ),
     (
         ["hydra.launcher.allow_cpu=false"],
         {"CUDA_VISIBLE_DEVICES": ""},

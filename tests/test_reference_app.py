@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import torch
 from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
+
+from furcate_hydra.lightning import JobEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,18 +140,29 @@ def test_dataloaders_follow_config() -> None:
     assert with_workers.persistent_workers
 
 
-def test_short_training_run_beats_chance() -> None:
+def fresh_env(directory: Path) -> JobEnv:
+    return JobEnv(output_dir=directory, checkpoint_dir=directory / "checkpoints")
+
+
+def test_short_training_run_beats_chance(tmp_path: Path) -> None:
     cfg = make_cfg(data_name="digits", epochs=2, learning_rate=1e-2, accelerator="cpu")
-    acc = train.fit_and_evaluate(cfg)
+    acc = train.fit_and_evaluate(cfg, fresh_env(tmp_path / "a"))
     assert isinstance(acc, float)
     # Chance is 0.1 for 10 classes; this setup reaches ~0.96 for seeds 0-2, so 0.8 leaves
     # a wide margin while still catching broken preprocessing or a model that does not learn.
     assert 0.8 < acc <= 1.0
     # Seeded and deterministic: the same config gives the same number.
-    assert train.fit_and_evaluate(cfg) == acc
+    assert train.fit_and_evaluate(cfg, fresh_env(tmp_path / "b")) == acc
+    history = json.loads((tmp_path / "a" / "history.json").read_text())
+    assert [row["epoch"] for row in history] == [0, 1]
+    assert (tmp_path / "a" / "plots" / "acc.png").exists()
+    assert (tmp_path / "a" / "final.ckpt").exists()
 
 
-def test_main_returns_and_logs_val_acc(caplog: pytest.LogCaptureFixture) -> None:
+def test_main_returns_and_logs_val_acc(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # outside Hydra, the job's files go to the working dir
     # hydra.main passes an explicit config straight to the task function, skipping Hydra.
     cfg = make_cfg(data_name="wine", epochs=1, accelerator="cpu")
     with caplog.at_level(logging.INFO, logger="train"):

@@ -6,11 +6,17 @@ import os
 import re
 from pathlib import Path
 
+from mlflow.tracking import MlflowClient
+
+from furcate_hydra.store import Tags
 from tests.conftest import REPO, run_cli
+from tests.store_helpers import artifact_names, job_runs
 
 
 def test_reference_sweep_runs_on_cpu_slots(tmp_path: Path) -> None:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as on a machine without a GPU
+    # As on a machine without a GPU, with MLflow's default store: mlflow.db in the working dir.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("MLFLOW_TRACKING_URI")
     result = run_cli(REPO / "train.py", "-m", "batch_size=32,64", "epochs=2", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     log = result.stdout + result.stderr
@@ -26,3 +32,23 @@ def test_reference_sweep_runs_on_cpu_slots(tmp_path: Path) -> None:
         assert (sweep / job / ".hydra" / "overrides.yaml").exists()
     # two epochs of an MLP on digits is far above the 10 % of guessing
     assert all(0.5 < acc <= 1.0 for acc in accuracies.values()), accuracies
+
+    # Every job is a run in ./mlflow.db with Lightning's per-epoch metrics and its files.
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    runs = job_runs(uri)
+    assert sorted(r.data.params["batch_size"] for r in runs) == ["32", "64"]
+    client = MlflowClient(uri)
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        history = client.get_metric_history(run.info.run_id, "val_acc")
+        assert len(history) == 2 and history[0].step < history[1].step  # one per epoch
+        value = float(run.data.tags[Tags.RETURN_VALUE].removeprefix("json:"))
+        assert round(value, 4) == accuracies[run.data.tags[Tags.JOB_NUM]]  # the log rounds
+        names = artifact_names(uri, run.info.run_id)
+        assert {"history.json", "stdout.log", "stderr.log", "run_data.json"} <= names
+        assert "plots/acc.png" in artifact_names(uri, run.info.run_id, "plots")
+        assert "checkpoints/final.ckpt" in artifact_names(uri, run.info.run_id, "checkpoints")
+        job_dir = Path(run.data.tags[Tags.OUTPUT_DIR])
+        assert {p.name for p in (job_dir / "plots").iterdir()} == {"acc.png", "loss.png"}
+    rows = (sweep / "run_data.csv").read_text().splitlines()
+    assert len(rows) == 3 and "val_acc" in rows[0]

@@ -1,8 +1,10 @@
 """Translate Hydra's launcher calls into slot-pool calls, and pool results into JobReturns.
 
 launch(overrides...) ──► compose each job's config here (load_sweep_config, job num/id)
-                    ──► SlotPool.submit(payload = pickled config) ──► forked job: run_job
+                    ──► recorder: fingerprint, one MLflow lookup per chunk ──► skip / resume / run
+                    ──► SlotPool.submit(payload = config + job env) ──► forked job: run_job
                     ◄── JobResult ──► JobReturn (COMPLETED / FAILED with a typed error)
+                    ──► recorder: run's final status, return value, artifacts, run data
 """
 
 from __future__ import annotations
@@ -23,14 +25,34 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides
 from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from furcate_hydra.errors import FurcateConfigError, JobCrashedError
+from furcate_hydra.errors import (
+    FurcateConfigError,
+    JobCrashedError,
+    name_list,
+    positive_seconds,
+)
 from furcate_hydra.pool import JobResult, JobSpec, JobState, PoolOptions, SlotPool
 from furcate_hydra.slots import SlotOptions, plan_slots
-from hydra_plugins.furcate_launcher._job import HydraJobContext, JobOutcome, RemoteTraceback
+from hydra_plugins.furcate_launcher._job import (
+    HydraJobContext,
+    JobOutcome,
+    JobPayload,
+    RemoteTraceback,
+)
+from hydra_plugins.furcate_launcher._recording import (
+    ComposedJob,
+    JobRecorder,
+    PreparedJob,
+    StoreOptions,
+)
+from hydra_plugins.furcate_launcher._returns import synthetic_job_return
 
 log = logging.getLogger(__name__)
+
+# Configs composed and looked up in the store together, after the first slot-filling chunk.
+LOOKUP_CHUNK = 64
 
 __all__ = ["LaunchSession", "LauncherOptionError", "launch", "pool_options"]
 
@@ -60,12 +82,17 @@ class LaunchSession:
         try:
             self.plan = plan_slots(slot_options(options))
             pool_opts = pool_options(options)
+            store_opts = StoreOptions.parse(options)
+            # Opens the tracking store now: an unreachable one fails before any job starts.
+            self.recorder = JobRecorder(store_opts, config)
         except FurcateConfigError as exc:
             raise LauncherOptionError(exc.key, exc.value, exc.problem, exc.fix) from None
         log.info("furcate: %s", self.plan.describe())
         self._context = self._context_blob()
         self.pool = SlotPool(self.plan, self._context, pool_opts)
         self._configs: dict[str, DictConfig] = {}
+        self._ready: list[tuple[str, JobReturn]] = []
+        self._closed = False
 
     def refresh_context(self) -> None:
         """Ship the singleton state to the fork server again if it changed (new resolvers)."""
@@ -75,25 +102,69 @@ class LaunchSession:
             self.pool.set_context(context)
 
     def submit(self, overrides: Sequence[str], job_num: int) -> str:
+        return self.submit_batch([(overrides, job_num)])[0]
+
+    def submit_batch(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[str]:
+        """Compose, look up (one store query for the batch) and queue jobs; returns their keys.
+
+        Jobs already recorded as FINISHED are not run: their JobReturns, carrying the recorded
+        return value, come out of the next ``wait_any``.
+        """
+        prepared = self.queue(jobs)
+        if summary := self.recorder.summary(prepared):
+            log.info("furcate: %s", summary)
+        return [item.job.key for item in prepared]
+
+    def queue(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[PreparedJob]:
+        composed = [self._compose(overrides, job_num) for overrides, job_num in jobs]
+        prepared = self.recorder.prepare(composed)
+        for item in prepared:
+            job = item.job
+            if item.skipped is not None:
+                log.info("\t#%d : %s (skipped: run %s)", job.job_num, job.label, item.run_id)
+                self._ready.append((job.key, item.skipped))
+                continue
+            log.info("\t#%d : %s", job.job_num, job.label)
+            self._configs[job.key] = job.sweep_config
+            payload = pickle.dumps(JobPayload(job.sweep_config, item.env))
+            self.pool.submit(JobSpec(job.key, payload, job.output_dir, job.label))
+        return prepared
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
+        if self._ready:
+            ready, self._ready = self._ready, []
+            return ready + [(r.spec.key, self._finish(r)) for r in self.pool.wait_any(0)]
+        returns = [(r.spec.key, self._finish(r)) for r in self.pool.wait_any(timeout)]
+        self.recorder.flush(force=False)
+        return returns
+
+    @property
+    def pending(self) -> int:
+        return self.pool.pending + len(self._ready)
+
+    def close(self, interrupted: bool = False) -> None:
+        """Stop the pool; record jobs still running as KILLED and the sweep's final state."""
+        if self._closed:
+            return
+        self._closed = True
+        self.pool.close()
+        self.recorder.close(interrupted)
+
+    def _compose(self, overrides: Sequence[str], job_num: int) -> ComposedJob:
         sweep_config = self.hydra_context.config_loader.load_sweep_config(
             self.config, list(overrides)
         )
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = job_num
             sweep_config.hydra.job.num = job_num
-        output_dir = _output_dir(sweep_config)
-        key = str(job_num)
-        self._configs[key] = sweep_config
         label = " ".join(filter_overrides(overrides))
-        log.info("\t#%d : %s", job_num, label)
-        self.pool.submit(JobSpec(key, pickle.dumps(sweep_config), output_dir, label))
-        return key
+        output_dir = _output_dir(sweep_config)
+        return ComposedJob(str(job_num), job_num, list(overrides), label, sweep_config, output_dir)
 
-    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
-        return [(r.spec.key, self._to_job_return(r)) for r in self.pool.wait_any(timeout)]
-
-    def close(self) -> None:
-        self.pool.close()
+    def _finish(self, result: JobResult) -> JobReturn:
+        job_return = self._to_job_return(result)
+        self.recorder.record(result.spec.key, result, job_return)
+        return job_return
 
     def _context_blob(self) -> bytes:
         context = HydraJobContext(self.task_function, self.hydra_context, Singleton.get_state())
@@ -108,7 +179,11 @@ class LaunchSession:
                 logs = f"\nSee the job's logs: {result.stdout_path} and {result.stderr_path}"
                 error.__cause__ = RemoteTraceback(result.value.traceback + logs)
             return job_return
-        return _failed_job_return(sweep_config, result)
+        error = JobCrashedError(
+            f"Job #{result.spec.key} ({result.spec.label or 'no overrides'}) {result.state.value}: "
+            f"{result.error}"
+        )
+        return synthetic_job_return(sweep_config, result.spec.log_dir, JobStatus.FAILED, error)
 
 
 def launch(
@@ -119,15 +194,24 @@ def launch(
     Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     log.info("Launching %d jobs on %d slots", len(job_overrides), len(session.plan.slots))
     session.refresh_context()
+    numbered = [(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
     with stop_pool_on_interrupt(session):
-        keys = [
-            session.submit(overrides, initial_job_idx + i)
-            for i, overrides in enumerate(job_overrides)
-        ]
+        prepared: list[PreparedJob] = []
         returns: dict[str, JobReturn] = {}
-        while len(returns) < len(keys):
+        # The first chunk fills the idle slots at once; later ones are composed and looked
+        # up while those jobs run.
+        chunk = max(session.pool.idle_slots, 1)
+        while numbered:
+            prepared += session.queue(numbered[:chunk])
+            numbered = numbered[chunk:]
+            chunk = LOOKUP_CHUNK
+            returns.update(session.wait_any(timeout=0))
+        if summary := session.recorder.summary(prepared):
+            log.info("furcate: %s", summary)
+        while len(returns) < len(prepared):
             returns.update(session.wait_any())
-    return [returns[key] for key in keys]
+        session.recorder.flush()
+    return [returns[item.job.key] for item in prepared]
 
 
 @contextmanager
@@ -139,7 +223,7 @@ def stop_pool_on_interrupt(session: LaunchSession) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        session.close()
+        session.close(interrupted=True)
         raise
     finally:
         if previous is not None:
@@ -174,27 +258,18 @@ def pool_options(options: dict[str, Any]) -> PoolOptions:
             "must be a whole number of retries, 0 or more",
             "set hydra.launcher.max_retries=0 (no retries) or a positive count such as 2",
         )
-    grace = options.get("stop_grace_s", 5.0)
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace <= 0:
-        raise FurcateConfigError(
-            "hydra.launcher.stop_grace_s",
-            grace,
-            "must be a positive number of seconds",
-            "set hydra.launcher.stop_grace_s=5",
-        )
-    preload = options.get("preload") or []
-    if isinstance(preload, str) or not all(isinstance(name, str) and name for name in preload):
-        raise FurcateConfigError(
-            "hydra.launcher.preload",
-            preload,
-            "must be a list of module names",
-            "set hydra.launcher.preload=[torch,pytorch_lightning] (or [] to preload nothing)",
-        )
+    grace = positive_seconds("hydra.launcher.stop_grace_s", options.get("stop_grace_s", 5.0), 5)
+    preload = name_list(
+        "hydra.launcher.preload",
+        options.get("preload"),
+        "module names",
+        "hydra.launcher.preload=[torch,pytorch_lightning] (or [] to preload nothing)",
+    )
     return PoolOptions(
         max_retries=max_retries,
-        preload=tuple(preload),
+        preload=preload,
         echo_output=bool(options.get("echo_output", True)),
-        stop_grace_s=float(grace),
+        stop_grace_s=grace,
     )
 
 
@@ -210,27 +285,3 @@ def _output_dir(sweep_config: DictConfig) -> Path:
     finally:
         hydra_config.cfg = launcher_cfg  # the launcher's own view stays its own
     return Path(os.path.abspath(os.path.join(sweep_dir, subdir)))
-
-
-def _failed_job_return(sweep_config: DictConfig, result: JobResult) -> JobReturn:
-    task_cfg = OmegaConf.masked_copy(sweep_config, [str(k) for k in sweep_config if k != "hydra"])
-    overrides = OmegaConf.to_container(sweep_config.hydra.overrides.task)
-    hydra_cfg = OmegaConf.create({"hydra": sweep_config.hydra})
-    output_dir = str(result.spec.log_dir)
-    runtime = hydra_cfg.hydra.runtime
-    with read_write(runtime), open_dict(runtime):
-        # What run_job would have recorded had the job lived long enough.
-        runtime.output_dir = output_dir
-    job_return = JobReturn(
-        overrides=list(overrides) if isinstance(overrides, list) else [],
-        cfg=task_cfg,
-        hydra_cfg=hydra_cfg,
-        working_dir=output_dir if sweep_config.hydra.job.chdir else os.getcwd(),
-        task_name=str(sweep_config.hydra.job.name),
-        status=JobStatus.FAILED,
-    )
-    job_return.return_value = JobCrashedError(
-        f"Job #{result.spec.key} ({result.spec.label or 'no overrides'}) {result.state.value}: "
-        f"{result.error}"
-    )
-    return job_return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import traceback
@@ -13,7 +14,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 
-__all__ = ["HydraJobContext", "JobOutcome", "RemoteTraceback"]
+__all__ = ["HydraJobContext", "JobOutcome", "JobPayload", "RemoteTraceback"]
 
 
 class RemoteTraceback(Exception):
@@ -25,6 +26,14 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f"\n\nTraceback from the job's process:\n{self.text}"
+
+
+@dataclass(frozen=True)
+class JobPayload:
+    """What one job needs: its composed config and the environment the launcher gives it."""
+
+    sweep_config: Any
+    env: dict[str, str]
 
 
 @dataclass
@@ -51,11 +60,12 @@ class HydraJobContext:
         Singleton.set_state(self.singleton_state)
 
     def run(self, payload: bytes) -> JobOutcome:
-        sweep_config = pickle.loads(payload)
+        job: JobPayload = pickle.loads(payload)
+        os.environ.update(job.env)  # this process is the job's alone
         job_return = run_job(
             hydra_context=self.hydra_context,
             task_function=self.task_function,
-            config=sweep_config,
+            config=job.sweep_config,
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )

@@ -10,6 +10,21 @@ from hydra.core.config_store import ConfigStore
 
 
 @dataclass
+class MlflowConf:
+    # record every job as an MLflow run (the memory behind skip and resume)
+    enabled: bool = True
+    # unset: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory
+    tracking_uri: Optional[str] = None
+    # unset: the task's name (hydra.job.name)
+    experiment_name: Optional[str] = None
+    # seconds between the launcher's heartbeats on the sweep's run
+    heartbeat_s: float = 10.0
+    # a RUNNING run whose launcher (on another machine) sent no heartbeat for this long
+    # was interrupted; on the same machine a dead launcher pid tells at once
+    stale_after_s: float = 60.0
+
+
+@dataclass
 class FurcateLauncherConf:
     _target_: str = "hydra_plugins.furcate_launcher.furcate_launcher.FurcateLauncher"
     # GPU ids (CUDA_VISIBLE_DEVICES values) to use; unset: CUDA_VISIBLE_DEVICES, else NVML
@@ -29,11 +44,17 @@ class FurcateLauncherConf:
     # re-run a job whose process crashed (signal, os._exit) up to this many times
     max_retries: int = 0
     # modules imported once by the warm fork server so jobs start in milliseconds
-    preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning"])
+    preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning", "mlflow"])
     # copy each job's stdout/stderr to the console as well as to its log files
     echo_output: bool = True
     # seconds a stopped job gets between SIGTERM and SIGKILL
     stop_grace_s: float = 5.0
+    # the results store: every job a run, finished configs skipped, interrupted ones resumed
+    mlflow: MlflowConf = field(default_factory=MlflowConf)
+    # which recorded configs run again: failed (FAILED and KILLED), all, none
+    rerun: str = "failed"
+    # dotted config keys that do not change a job's result (data_dir, num_workers, ...)
+    fingerprint_ignore: List[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(

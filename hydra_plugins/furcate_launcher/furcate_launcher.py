@@ -48,6 +48,10 @@ class FurcateLauncher(Launcher):
         """Queue one job; returns its key. Results come back from ``wait_any``."""
         return self.session().submit(overrides, job_num)
 
+    def submit_batch(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[str]:
+        """Queue ``(overrides, job_num)`` pairs with one store lookup for all of them."""
+        return self.session().submit_batch(jobs)
+
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
         """Wait until at least one submitted job ends; return ``(key, JobReturn)`` pairs."""
         return self.session().wait_any(timeout)

@@ -1,0 +1,54 @@
+"""A job's task config as plain values, resolved the way the job will see it.
+
+Interpolations into the ``hydra`` node (``${hydra:runtime.output_dir}``, ``${hydra:job.num}``)
+say where and as which job a config runs, not what it computes, and differ on every run; they
+are kept as their text, so that the fingerprint of a config stays the same from one sweep to
+the next. Any other interpolation is resolved; one that cannot be resolved here (it needs
+the job's runtime) is kept as its text too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
+
+__all__ = ["task_container"]
+
+
+def task_container(sweep_config: DictConfig) -> dict[str, Any]:
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    hydra_config.set_config(sweep_config)  # ${hydra:...} and ${now:...} read this job's config
+    try:
+        return {str(k): _plain(sweep_config, k) for k in sweep_config if k != "hydra"}
+    finally:
+        hydra_config.cfg = previous
+
+
+def _plain(parent: DictConfig | ListConfig, key: Any) -> Any:
+    node = parent._get_node(key)
+    if OmegaConf.is_interpolation(parent, key):
+        raw = str(node._value()) if isinstance(node, Node) else ""
+        if "${hydra:" in raw:
+            return raw
+        try:
+            value = parent[key]
+        except Exception:
+            return raw
+        if isinstance(value, DictConfig | ListConfig):
+            return OmegaConf.to_container(value, resolve=True)
+        return value
+    value = parent._get_node(key)
+    if isinstance(value, DictConfig):
+        if value._is_missing() or value._is_none():
+            return None if value._is_none() else "???"
+        return {str(k): _plain(value, k) for k in value}
+    if isinstance(value, ListConfig):
+        if value._is_missing() or value._is_none():
+            return None if value._is_none() else "???"
+        return [_plain(value, i) for i in range(len(value))]
+    if OmegaConf.is_missing(parent, key):
+        return "???"
+    return parent[key]

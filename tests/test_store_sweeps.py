@@ -1,0 +1,182 @@
+"""Every job an MLflow run; a rerun skips what finished and runs only what is new or failed.
+
+Real CLI runs of the probe app (real fork server and job processes) against a real sqlite
+store in tmp_path.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra.core.utils import JobStatus
+
+from furcate_hydra.store import Tags
+from tests.conftest import LaunchJobs, run_probe_sweep
+from tests.store_helpers import artifact_names, job_runs, sweep_runs
+
+
+def ran(sweep: Path) -> list[str]:
+    """Job dirs under a sweep dir in which the task actually ran."""
+    return sorted(p.parent.name for p in sweep.glob("*/probe.json"))
+
+
+def sweep(tmp_path: Path, name: str, *overrides: str) -> Any:
+    result = run_probe_sweep(tmp_path, f"hydra.sweep.dir={tmp_path / name}", *overrides)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_every_job_is_a_run_under_the_sweep_run(tmp_path: Path, mlflow_store: str) -> None:
+    sweep(tmp_path, "a", "+lr=0.1,0.01", "+model.width=8")
+    runs = job_runs(mlflow_store)
+    (parent,) = sweep_runs(mlflow_store)
+    assert len(runs) == 2
+    assert parent.info.status == "FINISHED"
+    for run in runs:
+        tags, params = run.data.tags, run.data.params
+        assert run.info.status == "FINISHED"
+        assert tags[Tags.PARENT_RUN] == parent.info.run_id
+        assert len(tags[Tags.FINGERPRINT]) == 64
+        assert tags[Tags.HOST] == socket.gethostname()
+        assert int(tags[Tags.LAUNCHER_PID]) > 0
+        assert tags[Tags.JOB_NUM] in {"0", "1"}
+        job_dir = Path(tags[Tags.OUTPUT_DIR])
+        assert job_dir.parent == tmp_path / "a"
+        assert tags[Tags.OVERRIDES].startswith("+lr=")
+        # The flattened task config, dotted keys, as params.
+        assert params["mode"] == "ok" and params["model.width"] == "8"
+        assert params["lr"] in {"0.1", "0.01"}
+        # The recorded return value is what the task returned (probe.json holds the same).
+        value = json.loads(tags[Tags.RETURN_VALUE].removeprefix("json:"))
+        assert value == json.loads((job_dir / "probe.json").read_text())
+        assert {"stdout.log", "stderr.log", "run_data.json"} <= artifact_names(
+            mlflow_store, run.info.run_id
+        )
+        run_data = json.loads((job_dir / "run_data.json").read_text())
+        assert run_data["status"] == "FINISHED" and run_data["run_id"] == run.info.run_id
+        assert run_data["config"]["lr"] in {0.1, 0.01}
+        assert run_data["duration_s"] >= 0 and run_data["slot"]["index"] in {0, 1}
+    assert len({r.data.tags[Tags.FINGERPRINT] for r in runs}) == 2
+    rows = list(csv.DictReader((tmp_path / "a" / "run_data.csv").open()))
+    assert [row["job_num"] for row in rows] == ["0", "1"]
+    assert {row["status"] for row in rows} == {"FINISHED"}
+    assert "run_data.csv" in artifact_names(mlflow_store, parent.info.run_id)
+
+
+def test_the_same_sweep_twice_runs_nothing_the_second_time(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    sweep(tmp_path, "first", "+lr=0.1,0.01,0.001")
+    second = sweep(tmp_path, "second", "+lr=0.1,0.01,0.001")
+    assert ran(tmp_path / "first") == ["0", "1", "2"]
+    assert ran(tmp_path / "second") == []
+    assert "skipped 3 of 3 configs" in second.stdout + second.stderr
+    assert len(job_runs(mlflow_store)) == 3
+    rows = list(csv.DictReader((tmp_path / "second" / "run_data.csv").open()))
+    assert [row["skipped"] for row in rows] == ["True"] * 3
+
+
+def test_skipped_jobs_return_the_recorded_values(launch_jobs: LaunchJobs) -> None:
+    jobs = [["+lr=0.1"], ["+lr=0.01"]]
+    first = launch_jobs(jobs, [])
+    second = launch_jobs(jobs, [])
+    assert [r.status for r in second] == [JobStatus.COMPLETED] * 2
+    # The probe returns its pid and timings: equal values mean nothing ran again.
+    assert [r.return_value for r in second] == [r.return_value for r in first]
+    assert [r.overrides for r in second] == [["+lr=0.1"], ["+lr=0.01"]]
+
+
+def test_a_value_added_to_the_sweep_runs_only_the_new_configs(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    sweep(tmp_path, "first", "+lr=0.1,0.01", "+bs=32")
+    second = sweep(tmp_path, "second", "+lr=0.1,0.01", "+bs=32,64")
+    # Hydra orders the grid lr-major: (0.1,32) (0.1,64) (0.01,32) (0.01,64).
+    assert ran(tmp_path / "second") == ["1", "3"]
+    assert "skipped 2 of 4 configs" in second.stdout + second.stderr
+    fingerprints = [r.data.tags[Tags.FINGERPRINT] for r in job_runs(mlflow_store)]
+    assert len(fingerprints) == len(set(fingerprints)) == 4
+
+
+def test_fingerprint_ignore_keys_do_not_make_a_config_new(tmp_path: Path) -> None:
+    sweep(tmp_path, "first", "+lr=0.1", "+num_workers=2")
+    sweep(
+        tmp_path,
+        "second",
+        "+lr=0.1",
+        "+num_workers=4",
+        "hydra.launcher.fingerprint_ignore=[num_workers]",
+    )
+    # Without the ignore list the first run's fingerprint included num_workers=2, so the
+    # second run (num_workers=4) is new either way; a third with the list set matches it.
+    sweep(
+        tmp_path,
+        "third",
+        "+lr=0.1",
+        "+num_workers=8",
+        "hydra.launcher.fingerprint_ignore=[num_workers]",
+    )
+    assert ran(tmp_path / "second") == ["0"]
+    assert ran(tmp_path / "third") == []
+
+
+def test_failed_configs_run_again_by_default(tmp_path: Path, mlflow_store: str) -> None:
+    result = run_probe_sweep(tmp_path, f"hydra.sweep.dir={tmp_path / 'first'}", "mode=ok,raise")
+    assert result.returncode != 0
+    statuses = sorted(r.info.status for r in job_runs(mlflow_store))
+    assert statuses == ["FAILED", "FINISHED"]
+    failed = next(r for r in job_runs(mlflow_store) if r.info.status == "FAILED")
+    assert "ValueError: the task raised on purpose" in failed.data.tags[Tags.ERROR]
+
+    # rerun=none: the failure is reported from the record, nothing runs.
+    result = run_probe_sweep(
+        tmp_path,
+        f"hydra.sweep.dir={tmp_path / 'none'}",
+        "mode=ok,raise",
+        "hydra.launcher.rerun=none",
+    )
+    assert result.returncode != 0 and "rerun=none" in result.stderr
+    assert ran(tmp_path / "none") == []
+
+    # Default (failed): only the failed config runs again.
+    run_probe_sweep(tmp_path, f"hydra.sweep.dir={tmp_path / 'again'}", "mode=ok,raise")
+    assert (tmp_path / "again" / "1" / "stdout.log").exists()
+    assert not (tmp_path / "again" / "0").exists()
+
+    # all: everything runs, each in a new run.
+    sweep(tmp_path, "all", "mode=ok", "hydra.launcher.rerun=all")
+    assert ran(tmp_path / "all") == ["0"]
+    assert sorted(r.info.status for r in job_runs(mlflow_store)) == [
+        "FAILED",
+        "FAILED",
+        "FINISHED",
+        "FINISHED",
+    ]
+
+
+def test_default_store_is_mlflow_db_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    (tmp_path / "mlflow.db").unlink()
+    sweep(tmp_path, "a", "+lr=0.1")
+    runs = job_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [r.data.params["lr"] for r in runs] == ["0.1"]
+    assert runs[0].info.experiment_id != "0"  # experiment named after the task
+
+
+def test_experiment_name_and_disabled_store(tmp_path: Path, mlflow_store: str) -> None:
+    sweep(tmp_path, "named", "+lr=0.1", "hydra.launcher.mlflow.experiment_name=my-study")
+    from mlflow.tracking import MlflowClient
+
+    experiment = MlflowClient(mlflow_store).get_experiment_by_name("my-study")
+    assert experiment is not None
+    sweep(tmp_path, "off", "+lr=0.1", "hydra.launcher.mlflow.enabled=false")
+    assert ran(tmp_path / "off") == ["0"]  # no store: nothing to skip from
+    assert len(job_runs(mlflow_store)) == 1
+    assert json.loads((tmp_path / "off" / "0" / "run_data.json").read_text())["run_id"] is None
