@@ -59,15 +59,13 @@ def write_run_data_json(
 
 def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
     """One row per job, metric columns the union over jobs, ordered by job number."""
-    metric_names = sorted({name for row in rows for name in row.metrics})
-    columns = [
+    fixed = [
         "job_num",
         "overrides",
         "status",
         "skipped",
         "resumed",
         "return_value",
-        *metric_names,
         "start",
         "end",
         "duration_s",
@@ -76,6 +74,10 @@ def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
         "output_dir",
         "error",
     ]
+    # A metric named like a fixed column (``status``, ``end``) must not overwrite it.
+    names = sorted({name for row in rows for name in row.metrics})
+    column = {name: f"metric:{name}" if name in fixed else name for name in names}
+    columns = [*fixed[:6], *column.values(), *fixed[6:]]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
@@ -83,7 +85,7 @@ def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
         writer.writerow(
             {
                 **asdict(row),
-                **row.metrics,
+                **{column[name]: value for name, value in row.metrics.items()},
                 "overrides": " ".join(row.overrides),
                 "return_value": json.dumps(_jsonable(row.return_value)),
                 "duration_s": row.duration_s,

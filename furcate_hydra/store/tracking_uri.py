@@ -59,7 +59,8 @@ def check_tracking_uri(tracking: TrackingUri, timeout_s: float = 5.0) -> None:
     in seconds and before any job starts.
     """
     uri, key = tracking.uri, tracking.source
-    scheme = urlparse(uri).scheme
+    # MLflow's own spelling of a Databricks workspace is the bare word, which has no scheme.
+    scheme = urlparse(uri).scheme or ("databricks" if uri == "databricks" else "")
     base = scheme.split("+")[0]
     if base == "sqlite":
         _check_sqlite(uri, key)

@@ -1,0 +1,167 @@
+"""Which store a sweep records into, and the check that it answers before any job starts."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.store import TrackingUri, check_tracking_uri, resolve_tracking_uri
+from furcate_hydra.store.tracking_uri import DEFAULT_TRACKING_URI, ENV_KEY, URI_KEY
+
+
+@pytest.mark.parametrize(
+    ("configured", "environ", "uri", "source"),
+    [
+        ("sqlite:////cfg/a.db", {ENV_KEY: "sqlite:////env/b.db"}, "sqlite:////cfg/a.db", URI_KEY),
+        (None, {ENV_KEY: "sqlite:////env/b.db"}, "sqlite:////env/b.db", ENV_KEY),
+        ("", {ENV_KEY: "http://host:5000"}, "http://host:5000", ENV_KEY),
+        (None, {ENV_KEY: ""}, "sqlite:////work/dir/mlflow.db", URI_KEY),
+        (None, {}, "sqlite:////work/dir/mlflow.db", URI_KEY),
+        ("sqlite:///rel/x.db", {}, "sqlite:////work/dir/rel/x.db", URI_KEY),
+        (None, {ENV_KEY: "sqlite:///x.db"}, "sqlite:////work/dir/x.db", ENV_KEY),
+        ("sqlite:///:memory:", {}, "sqlite:///:memory:", URI_KEY),
+        ("sqlite://", {}, "sqlite://", URI_KEY),
+        ("postgresql://u@db/mlflow", {}, "postgresql://u@db/mlflow", URI_KEY),
+    ],
+)
+def test_resolve_precedence_and_absolute_sqlite_paths(
+    configured: str | None, environ: dict[str, str], uri: str, source: str
+) -> None:
+    resolved = resolve_tracking_uri(configured, environ, Path("/work/dir"))
+    assert resolved == TrackingUri(uri, source)
+
+
+def test_resolve_reads_the_process_environment_and_cwd_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(ENV_KEY, "sqlite:///env.db")
+    assert resolve_tracking_uri(None) == TrackingUri(f"sqlite:///{tmp_path}/env.db", ENV_KEY)
+    monkeypatch.delenv(ENV_KEY)
+    assert resolve_tracking_uri(None).uri == f"sqlite:///{tmp_path}/mlflow.db"
+    assert DEFAULT_TRACKING_URI == "sqlite:///mlflow.db"
+
+
+def config_error(tracking: TrackingUri, timeout_s: float = 5.0) -> FurcateConfigError:
+    with pytest.raises(FurcateConfigError) as error:
+        check_tracking_uri(tracking, timeout_s)
+    assert error.value.key == tracking.source
+    assert error.value.value == tracking.uri
+    message = str(error.value)
+    assert f"Invalid {tracking.source}={tracking.uri!r}" in message and "Fix:" in message
+    return error.value
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///:memory:", "sqlite://"])
+def test_in_memory_sqlite_is_refused(uri: str) -> None:
+    assert "in-memory" in config_error(TrackingUri(uri, URI_KEY)).problem
+
+
+def test_sqlite_in_a_missing_folder_is_refused(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/missing/mlflow.db"
+    error = config_error(TrackingUri(uri, ENV_KEY))
+    assert f"the folder {tmp_path}/missing does not exist" in error.problem
+
+
+def test_sqlite_in_an_existing_folder_is_accepted(tmp_path: Path) -> None:
+    check_tracking_uri(TrackingUri(f"sqlite:///{tmp_path}/new.db", URI_KEY))
+    assert not (tmp_path / "new.db").exists()  # checking creates nothing
+
+
+@pytest.mark.parametrize("uri", ["file:///tmp/mlruns", "ftp://host/x", "/tmp/mlruns", "mlruns"])
+def test_stores_furcate_cannot_query_are_refused(uri: str) -> None:
+    error = config_error(TrackingUri(uri, URI_KEY))
+    assert "database-backed MLflow store" in error.problem
+
+
+@pytest.mark.parametrize(
+    "uri", ["postgresql://u@db/mlflow", "mysql+pymysql://u@db/m", "databricks", "databricks://p"]
+)
+def test_other_database_stores_are_not_contacted(uri: str) -> None:
+    check_tracking_uri(TrackingUri(uri, URI_KEY))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_a_closed_port_fails_fast() -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    error = config_error(TrackingUri(uri, ENV_KEY))
+    assert time.monotonic() - started < 10  # MLflow's own client would retry for minutes
+    assert error.problem.startswith("no MLflow server answers there")
+    assert "mlflow server" in error.fix
+
+
+def test_a_server_that_never_answers_times_out() -> None:
+    with socket.socket() as listening:  # accepts connections into its backlog, never replies
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        uri = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        started = time.monotonic()
+        error = config_error(TrackingUri(uri, URI_KEY), timeout_s=0.5)
+        assert time.monotonic() - started < 5
+    assert "timed out" in error.problem
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with the server's ``status``, remembering the paths asked for."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        assert isinstance(server, HealthServer)
+        server.paths.append(self.path)
+        self.send_response(server.status)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"OK")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class HealthServer(http.server.ThreadingHTTPServer):
+    def __init__(self, status: int) -> None:
+        super().__init__(("127.0.0.1", 0), Health)
+        self.status = status
+        self.paths: list[str] = []
+
+
+@contextmanager
+def health_server(status: int) -> Iterator[HealthServer]:
+    server = HealthServer(status)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("suffix", ["", "/"])
+def test_a_server_answering_health_is_accepted(suffix: str) -> None:
+    with health_server(200) as server:
+        check_tracking_uri(TrackingUri(f"http://127.0.0.1:{server.server_port}{suffix}", ENV_KEY))
+    assert server.paths == ["/health"]
+
+
+@pytest.mark.parametrize("status", [500, 404])
+def test_a_server_answering_an_error_is_refused(status: int) -> None:
+    with health_server(status) as server:
+        uri = f"http://127.0.0.1:{server.server_port}"
+        error = config_error(TrackingUri(uri, URI_KEY))
+    assert error.problem == f"{uri}/health answered HTTP {status}"
