@@ -9,15 +9,20 @@ from pathlib import Path
 __all__ = ["atomic_write_bytes"]
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it into place."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it into place.
+
+    Readers never see half a file either way; ``durable=False`` skips the fsync (a few ms) for
+    reports that can be rewritten, where surviving a power cut does not matter.
+    """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

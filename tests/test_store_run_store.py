@@ -99,7 +99,7 @@ def test_a_job_run_is_a_running_child_with_its_config_as_params(store: RunStore)
     assert LauncherIdentity.current().tags().items() <= tags.items()
 
 
-def test_a_finished_job_records_its_value_metric_artifacts_and_end(
+def test_a_finished_job_records_its_value_artifacts_and_end(
     store: RunStore, tmp_path: Path
 ) -> None:
     store.start_sweep("sweep", {})
@@ -117,7 +117,8 @@ def test_a_finished_job_records_its_value_metric_artifacts_and_end(
     run = store.client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.end_time == int(end * 1000)
     assert run.data.tags[Tags.RETURN_VALUE] == "json:0.25"
-    assert run.data.metrics == {"return_value": 0.25}
+    # The value is a tag only: the task's own metrics (val_acc…) are what the UI compares.
+    assert run.data.metrics == {}
     assert Tags.ERROR not in run.data.tags
     assert artifact_names(store.tracking_uri, run_id) == {"stdout.log", "stderr.log"}
     local = Path(store.client.download_artifacts(run_id, "stdout.log", str(tmp_path / "dl")))
@@ -125,12 +126,17 @@ def test_a_finished_job_records_its_value_metric_artifacts_and_end(
 
 
 @pytest.mark.parametrize("value", [{"loss": 0.5}, True, "done", None])
-def test_only_a_number_becomes_the_return_value_metric(store: RunStore, value: Any) -> None:
+def test_any_json_value_is_recorded_as_json(store: RunStore, value: Any) -> None:
     run_id = store.create_job_run("job", job_tags("fp"), {})
     store.finish_job_run(run_id, RunStatus.FINISHED, return_value=value)
     run = store.client.get_run(run_id)
-    assert run.data.metrics == {}
     assert run.data.tags[Tags.RETURN_VALUE].startswith("json:")
+    assert (
+        store.recorded_return_value(
+            store.decide(["fp"], Rerun.FAILED)["fp"].record  # type: ignore[arg-type]
+        )
+        == value
+    )
 
 
 def test_a_failed_job_keeps_the_end_of_its_error(store: RunStore) -> None:

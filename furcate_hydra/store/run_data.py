@@ -54,7 +54,7 @@ def write_run_data_json(
         "config": config,
         **details,
     }
-    atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"))
+    atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"), durable=False)
 
 
 def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
@@ -92,7 +92,7 @@ def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
                 "error": (row.error or "").splitlines()[0] if row.error else "",
             }
         )
-    atomic_write_bytes(path, buffer.getvalue().encode("utf-8"))
+    atomic_write_bytes(path, buffer.getvalue().encode("utf-8"), durable=False)
 
 
 def _jsonable(value: Any) -> Any:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides
 from hydra.errors import CompactHydraException
@@ -35,6 +34,7 @@ from furcate_hydra.errors import (
 )
 from furcate_hydra.pool import JobResult, JobSpec, JobState, PoolOptions, SlotPool
 from furcate_hydra.slots import SlotOptions, plan_slots
+from hydra_plugins.furcate_launcher._compose import SweepComposer
 from hydra_plugins.furcate_launcher._job import (
     HydraJobContext,
     JobOutcome,
@@ -48,6 +48,7 @@ from hydra_plugins.furcate_launcher._recording import (
     StoreOptions,
 )
 from hydra_plugins.furcate_launcher._returns import synthetic_job_return
+from hydra_plugins.furcate_launcher._task_config import as_job, task_container
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class LaunchSession:
         self.pool = SlotPool(self.plan, self._context, pool_opts)
         self._configs: dict[str, DictConfig] = {}
         self._ready: list[tuple[str, JobReturn]] = []
+        self.composer = SweepComposer(hydra_context, config)
         self._closed = False
 
     def refresh_context(self) -> None:
@@ -119,6 +121,8 @@ class LaunchSession:
         composed = [self._compose(overrides, job_num) for overrides, job_num in jobs]
         prepared = self.recorder.prepare(composed)
         for item in prepared:
+            # Each job is handed to the pool as soon as its run exists, not after the batch.
+            self.recorder.open(item)
             job = item.job
             if item.skipped is not None:
                 log.info("\t#%d : %s (skipped: run %s)", job.job_num, job.label, item.run_id)
@@ -151,15 +155,17 @@ class LaunchSession:
         self.recorder.close(interrupted)
 
     def _compose(self, overrides: Sequence[str], job_num: int) -> ComposedJob:
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(
-            self.config, list(overrides)
-        )
+        sweep_config = self.composer.compose(overrides)
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = job_num
             sweep_config.hydra.job.num = job_num
         label = " ".join(filter_overrides(overrides))
-        output_dir = _output_dir(sweep_config)
-        return ComposedJob(str(job_num), job_num, list(overrides), label, sweep_config, output_dir)
+        with as_job(sweep_config):
+            output_dir = _output_dir(sweep_config)
+            task = task_container(sweep_config)
+        return ComposedJob(
+            str(job_num), job_num, list(overrides), label, sweep_config, output_dir, task
+        )
 
     def _finish(self, result: JobResult) -> JobReturn:
         job_return = self._to_job_return(result)
@@ -274,14 +280,8 @@ def pool_options(options: dict[str, Any]) -> PoolOptions:
 
 
 def _output_dir(sweep_config: DictConfig) -> Path:
-    # The same rule run_job applies in the job, evaluated here so the pool knows where the
-    # job's logs go even if the job dies before Hydra creates its directory.
-    hydra_config = HydraConfig.instance()
-    launcher_cfg = hydra_config.cfg
-    hydra_config.set_config(sweep_config)
-    try:
-        sweep_dir = str(OmegaConf.select(sweep_config, "hydra.sweep.dir"))
-        subdir = str(OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
-    finally:
-        hydra_config.cfg = launcher_cfg  # the launcher's own view stays its own
+    # The same rule run_job applies in the job (call inside as_job), evaluated here so the
+    # pool knows where the job's logs go even if the job dies before Hydra creates its dir.
+    sweep_dir = str(OmegaConf.select(sweep_config, "hydra.sweep.dir"))
+    subdir = str(OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
     return Path(os.path.abspath(os.path.join(sweep_dir, subdir)))

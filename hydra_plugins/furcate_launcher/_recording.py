@@ -43,7 +43,6 @@ from furcate_hydra.store.run_data import (
     write_run_data_json,
 )
 from hydra_plugins.furcate_launcher._returns import synthetic_job_return
-from hydra_plugins.furcate_launcher._task_config import task_container
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +91,15 @@ class ComposedJob:
     label: str
     sweep_config: DictConfig
     output_dir: Path
+    task_config: dict[str, Any]  # resolved, as plain values (see _task_config)
 
 
 @dataclass
 class PreparedJob:
     job: ComposedJob
     fingerprint: str
-    config: dict[str, Any]
-    env: dict[str, str]
+    decision: Decision
+    env: dict[str, str] = field(default_factory=dict)
     run_id: str | None = None
     resumed: bool = False
     skipped: JobReturn | None = None  # set when the job is not run
@@ -127,22 +127,24 @@ class JobRecorder:
     # -- before jobs run ----------------------------------------------------------------
 
     def prepare(self, jobs: Sequence[ComposedJob]) -> list[PreparedJob]:
-        """Fingerprint a batch, look its configs up once, and open a run for each job to run."""
-        prepared = []
-        for job in jobs:
-            config = task_container(job.sweep_config)
-            fp = fingerprint(config, self.options.fingerprint_ignore)
-            prepared.append(PreparedJob(job, fp, config, {}))
+        """Fingerprint a batch and decide each job with one store lookup for all of them."""
+        fingerprints = [
+            fingerprint(job.task_config, self.options.fingerprint_ignore) for job in jobs
+        ]
         decisions: dict[str, Decision] = {}
         if self.store is not None:
             self._ensure_sweep_run()
-            decisions = self.store.decide({p.fingerprint for p in prepared}, self.options.rerun)
-        for item in prepared:
-            self._open(item, decisions.get(item.fingerprint, Decision(Action.RUN)))
-        return prepared
+            decisions = self.store.decide(set(fingerprints), self.options.rerun)
+        run = Decision(Action.RUN)
+        return [
+            PreparedJob(job, fp, decisions.get(fp, run))
+            for job, fp in zip(jobs, fingerprints, strict=True)
+        ]
 
-    def _open(self, item: PreparedJob, decision: Decision) -> None:
-        job, record = item.job, decision.record
+    def open(self, item: PreparedJob) -> None:
+        """Skip the job (``item.skipped`` set) or open its run: a new one or the interrupted one."""
+        job, decision = item.job, item.decision
+        record = decision.record
         checkpoint_dir = job.output_dir / CHECKPOINTS
         if decision.action is Action.SKIP and record is not None and self.store is not None:
             value = self.store.recorded_return_value(record)
@@ -179,7 +181,8 @@ class JobRecorder:
             else:
                 tags[Tags.CHECKPOINT_DIR] = str(checkpoint_dir)
                 name = (job.label or "defaults")[:240]
-                item.run_id = self.store.create_job_run(name, tags, flatten_params(item.config))
+                params = flatten_params(job.task_config)
+                item.run_id = self.store.create_job_run(name, tags, params)
             item.env.update(
                 {
                     job_env.TRACKING_URI: self.store.tracking_uri,
@@ -216,7 +219,7 @@ class JobRecorder:
         status, value, error = _outcome(result, job_return)
         row = self._add_row(item, status, value, error, skipped=False, result=result)
         output_dir = item.job.output_dir
-        write_run_data_json(output_dir / RUN_DATA_JSON, row, item.config, _details(result))
+        write_run_data_json(output_dir / RUN_DATA_JSON, row, item.job.task_config, _details(result))
         if self.store is not None and item.run_id is not None:
             artifacts = [result.stdout_path, result.stderr_path, output_dir / RUN_DATA_JSON]
             self.store.finish_job_run(

@@ -9,22 +9,31 @@ the job's runtime) is kept as its text too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 
-__all__ = ["task_container"]
+__all__ = ["as_job", "task_container"]
+
+
+@contextmanager
+def as_job(sweep_config: DictConfig) -> Iterator[None]:
+    """Let ``${hydra:...}`` read this job's config; the launcher's own view comes back after."""
+    hydra_config = HydraConfig.instance()
+    previous = hydra_config.cfg
+    hydra_config.set_config(sweep_config)
+    try:
+        yield
+    finally:
+        hydra_config.cfg = previous
 
 
 def task_container(sweep_config: DictConfig) -> dict[str, Any]:
-    hydra_config = HydraConfig.instance()
-    previous = hydra_config.cfg
-    hydra_config.set_config(sweep_config)  # ${hydra:...} and ${now:...} read this job's config
-    try:
-        return {str(k): _plain(sweep_config, k) for k in sweep_config if k != "hydra"}
-    finally:
-        hydra_config.cfg = previous
+    """The task config as plain values; call inside ``as_job(sweep_config)``."""
+    return {str(k): _plain(sweep_config, k) for k in sweep_config if k != "hydra"}
 
 
 def _plain(parent: DictConfig | ListConfig, key: Any) -> Any:
