@@ -180,3 +180,19 @@ def test_experiment_name_and_disabled_store(tmp_path: Path, mlflow_store: str) -
     assert ran(tmp_path / "off") == ["0"]  # no store: nothing to skip from
     assert len(job_runs(mlflow_store)) == 1
     assert json.loads((tmp_path / "off" / "0" / "run_data.json").read_text())["run_id"] is None
+
+
+def test_sqlite_store_is_switched_to_wal_unless_disabled(tmp_path: Path) -> None:
+    import sqlite3
+
+    def journal_mode(db: Path) -> str:
+        with sqlite3.connect(db) as connection:
+            return str(connection.execute("PRAGMA journal_mode").fetchone()[0])
+
+    plain = tmp_path / "plain.db"
+    sweep(tmp_path, "off", "+lr=0.1", f"hydra.launcher.mlflow.tracking_uri=sqlite:///{plain}",
+          "hydra.launcher.mlflow.sqlite_wal=false")  # fmt: skip
+    assert journal_mode(plain) == "delete"
+    sweep(tmp_path, "on", "+lr=0.2", f"hydra.launcher.mlflow.tracking_uri=sqlite:///{plain}")
+    assert journal_mode(plain) == "wal"
+    assert len(job_runs(f"sqlite:///{plain}")) == 2  # nothing lost by the switch

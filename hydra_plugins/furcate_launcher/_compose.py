@@ -12,8 +12,8 @@ composition; any difference, or a ``hydra.*`` or package override, uses Hydra.
 
 from __future__ import annotations
 
-import copy
 import logging
+import pickle
 from collections.abc import Sequence
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
@@ -39,7 +39,8 @@ class SweepComposer:
         self.loader = hydra_context.config_loader
         self.master = master_config
         self._parser = OverridesParser.create()
-        self._bases: dict[tuple[str, ...], DictConfig] = {}
+        # Pickled: unpickling a config is ~2x faster than deepcopy and shares nothing.
+        self._bases: dict[tuple[str, ...], bytes] = {}
         self._trusted: dict[Shape, bool] = {}
         self.shortcuts = 0  # jobs composed by the shortcut, for benchmarks and tests
 
@@ -92,8 +93,8 @@ class SweepComposer:
         if base is None:
             if len(self._bases) >= _MAX_BASES:
                 self._bases.clear()
-            base = self._bases[groups] = self._hydra(list(groups))
-        config = copy.deepcopy(base)
+            base = self._bases[groups] = pickle.dumps(self._hydra(list(groups)))
+        config: DictConfig = pickle.loads(base)
         values = [o for o in parsed if (o.input_line or "") not in groups]
         ConfigLoaderImpl._apply_overrides_to_config(values, config)
         job = config.hydra.job

@@ -60,6 +60,7 @@ class StoreOptions:
     experiment_name: str | None
     heartbeat_s: float
     stale_after_s: float
+    sqlite_wal: bool
     rerun: Rerun
     fingerprint_ignore: tuple[str, ...]
 
@@ -78,6 +79,7 @@ class StoreOptions:
             experiment_name=mlflow.get("experiment_name") or None,
             heartbeat_s=_positive(mlflow, "heartbeat_s", 10.0),
             stale_after_s=_positive(mlflow, "stale_after_s", 60.0),
+            sqlite_wal=bool(mlflow.get("sqlite_wal", True)),
             rerun=Rerun.parse(options.get("rerun", "failed")),
             fingerprint_ignore=ignore,
         )
@@ -117,7 +119,13 @@ class JobRecorder:
         if options.enabled:
             tracking = resolve_tracking_uri(options.tracking_uri)
             experiment = options.experiment_name or str(launcher_config.hydra.job.name)
-            self.store = RunStore(tracking, experiment, options.heartbeat_s, options.stale_after_s)
+            self.store = RunStore(
+                tracking,
+                experiment,
+                options.heartbeat_s,
+                options.stale_after_s,
+                sqlite_wal=options.sqlite_wal,
+            )
             log.info("furcate: recording runs in %s (experiment %r)", tracking.uri, experiment)
         self._rows: dict[str, JobRow] = {}
         self._metrics_pending: set[str] = set()

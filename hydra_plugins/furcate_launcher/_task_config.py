@@ -24,7 +24,9 @@ def as_job(sweep_config: DictConfig) -> Iterator[None]:
     """Let ``${hydra:...}`` read this job's config; the launcher's own view comes back after."""
     hydra_config = HydraConfig.instance()
     previous = hydra_config.cfg
-    hydra_config.set_config(sweep_config)
+    # What set_config leaves readable, without its copy of the hydra node (~3 ms a job): the
+    # hydra resolver reads cfg.hydra, whose parent is the job's whole config either way.
+    hydra_config.cfg = sweep_config  # type: ignore[assignment]
     try:
         yield
     finally:

@@ -22,6 +22,8 @@ class MlflowConf:
     # a RUNNING run whose launcher (on another machine) sent no heartbeat for this long
     # was interrupted; on the same machine a dead launcher pid tells at once
     stale_after_s: float = 60.0
+    # switch a sqlite store to WAL journaling (faster concurrent writes; local disks only)
+    sqlite_wal: bool = True
 
 
 @dataclass
