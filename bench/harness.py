@@ -1,4 +1,5 @@
-"""What the benchmarks share: a launcher built the way Hydra builds it, statistics, results.
+"""What the benchmarks share: a launcher built the way Hydra builds it, timing and statistics,
+how busy the machine was (others' CPU share, load averages), results.
 
 ``make_launcher`` does what ``python app.py -m ...`` does up to the sweeper (compose the config,
 instantiate ``hydra/launcher``), so the benchmarks drive the real launcher in this process and
@@ -12,7 +13,9 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -33,11 +36,14 @@ from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 __all__ = [
     "RESULTS_DIR",
+    "OthersCpu",
     "as_furcate",
     "machine",
     "make_launcher",
+    "speed_probe",
     "summarize",
     "task_value",
+    "timed",
     "write_results",
 ]
 
@@ -97,6 +103,65 @@ def summarize(seconds: Sequence[float]) -> dict[str, float | int]:
     }
 
 
+def timed(call: Callable[[], Any], repeats: int) -> tuple[list[float], Any]:
+    """Wall seconds of ``repeats`` calls of ``call``, and its last value."""
+    seconds, value = [], None
+    for _ in range(repeats):
+        began = time.perf_counter()
+        value = call()
+        seconds.append(time.perf_counter() - began)
+    return seconds, value
+
+
+def machine_busy_seconds() -> float:
+    """CPU time all processes on the machine have used since boot (``/proc/stat``)."""
+    ticks = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
+
+
+class OthersCpu:
+    """The share of the machine's CPU that other processes (other people's work) used between
+    construction and ``share(own_cpu_s)``; ``own_cpu_s`` is what the benchmark itself used."""
+
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.busy = machine_busy_seconds()
+
+    def share(self, own_cpu_s: float) -> float:
+        wall = time.perf_counter() - self.began
+        others = machine_busy_seconds() - self.busy - own_cpu_s
+        return round(max(0.0, others) / (wall * (os.cpu_count() or 1)), 3)
+
+
+def speed_probe() -> dict[str, float]:
+    """How fast this machine is right now, best of 5 runs of fixed work (lower is faster):
+    ``loop_ms`` a pure-Python loop (~10 ms: a core's speed), ``files_ms`` 100 small files
+    created in their own directories and deleted (~35 ms: the kernel's file-system path, which
+    the recorded jobs lean on). On the VM of BENCHMARKS.md ``files_ms`` varied 5x from minute to
+    minute, in kernel CPU time, with no other work running: load averages and CPU shares do not
+    show that (see "Reading the figures" there)."""
+
+    def loop() -> None:
+        total = 0
+        for i in range(200_000):
+            total += i * i % 7
+
+    def files() -> None:
+        with tempfile.TemporaryDirectory(prefix="furcate-probe-") as tmp:
+            for i in range(100):
+                directory = Path(tmp) / str(i)
+                directory.mkdir()
+                (directory / "f").write_text("x" * 400)
+
+    return {
+        name: round(min(timed(work, 5)[0]) * 1000, 2)
+        for name, work in [
+            ("loop_ms", loop),
+            ("files_ms", files),
+        ]
+    }
+
+
 def machine() -> dict[str, Any]:
     """Where and when the figures were taken, and how busy the machine was."""
     return {
@@ -112,6 +177,7 @@ def machine() -> dict[str, Any]:
         },
         # Other work on the machine (e.g. a test run) shows here and perturbs the figures.
         "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
+        "speed_probe_at_start": speed_probe(),
     }
 
 

@@ -3,7 +3,8 @@
 Variants, each job handed over alone onto a free slot (the next one only after it ended):
 
   furcate submit  FurcateLauncher.submit + wait_any, the path furcate's sweepers take; the fork
-                  server preloads torch and pytorch_lightning (the launcher's default);
+                  server preloads torch and pytorch_lightning (the launcher's default also
+                  preloads mlflow, which jobs that record nothing do not need);
   furcate launch  Launcher.launch of a one-job batch (what Hydra's BasicSweeper calls);
   plain spawn     a new interpreter that imports torch and pytorch_lightning: the anchor, what
                   a job costs to start without a warm server;
@@ -12,7 +13,10 @@ Variants, each job handed over alone onto a free slot (the next one only after i
 
 The clock starts just before the launcher call and stops when the task function is entered, so
 the furcate and basic figures include composing the job's config and Hydra's ``run_job`` set-up
-(output dir, .hydra/*.yaml, job logging), not only the fork. Run: ``python bench/job_start.py``.
+(output dir, .hydra/*.yaml, job logging), not only the fork. The furcate launcher records
+nothing (``hydra.launcher.mlflow.enabled=false``): this is the launcher alone, as before
+recording existed; ``bench/recording.py`` measures what recording adds. Run:
+``python bench/job_start.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 GOAL_MEDIAN_MS = 50.0
 SPAWN_CODE = "import torch, pytorch_lightning; import time; print(time.time())"
+FURCATE_OVERRIDES = [
+    "hydra/launcher=furcate",
+    "hydra.launcher.preload=[torch,pytorch_lightning]",
+    "hydra.launcher.mlflow.enabled=false",
+]
 
 
 @dataclass(frozen=True)
@@ -98,8 +107,8 @@ def time_spawn() -> float:
 
 
 def start_furcate(sweep_dir: Path) -> tuple[FurcateLauncher, dict[str, float]]:
-    """The furcate launcher with its fork server started (default preload), and what that took."""
-    launcher = as_furcate(make_launcher(entry_task, ["hydra/launcher=furcate"], sweep_dir))
+    """The furcate launcher with its fork server started (torch, Lightning), and what it took."""
+    launcher = as_furcate(make_launcher(entry_task, FURCATE_OVERRIDES, sweep_dir))
     began = time.perf_counter()
     session = launcher.session()
     return launcher, {

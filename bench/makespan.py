@@ -1,8 +1,10 @@
 """Makespan of a sweep of uneven jobs on 4 slots: the async path against Hydra's batches.
 
 48 sleep jobs, 0.5-3 s each (``random.Random(0)``), on 4 slots (``hydra.launcher.gpus=[0,1,2,3]``;
-the jobs only see CUDA_VISIBLE_DEVICES, so no GPU is needed), nothing preloaded. One launcher,
-hence one warm fork server, runs every variant; its start is not part of any makespan.
+the jobs only see CUDA_VISIBLE_DEVICES, so no GPU is needed), nothing preloaded, no MLflow
+recording (``hydra.launcher.mlflow.enabled=false``: the launcher alone, as before recording
+existed; ``bench/recording.py`` measures what recording adds). One launcher, hence one warm fork
+server, runs every variant; its start is not part of any makespan.
 
   async         submit all jobs, collect with wait_any: a slot gets its next job as soon as
                 it frees (furcate's sweepers);
@@ -44,6 +46,7 @@ LAUNCHER_OVERRIDES = [
     "hydra/launcher=furcate",
     f"hydra.launcher.gpus=[{','.join(str(i) for i in range(SLOTS))}]",
     "hydra.launcher.preload=[]",  # the jobs only sleep
+    "hydra.launcher.mlflow.enabled=false",  # the launcher alone; bench/recording.py times it
 ]
 
 
