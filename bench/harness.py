@@ -40,6 +40,7 @@ __all__ = [
     "as_furcate",
     "machine",
     "make_launcher",
+    "publish",
     "speed_probe",
     "summarize",
     "task_value",
@@ -179,6 +180,18 @@ def machine() -> dict[str, Any]:
         "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
         "speed_probe_at_start": speed_probe(),
     }
+
+
+def publish(
+    name: str,
+    at_start: dict[str, Any],
+    figures: dict[str, Any],
+    show: Callable[[dict[str, Any]], None],
+) -> None:
+    """Print ``figures`` with ``show``; write them and ``machine()`` as taken at the start."""
+    show(figures)
+    path = write_results(name, {"machine": at_start, name: figures})
+    print(f"\nwrote {path}")
 
 
 def write_results(name: str, results: dict[str, Any]) -> Path:

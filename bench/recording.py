@@ -46,10 +46,10 @@ from bench.harness import (
     as_furcate,
     machine,
     make_launcher,
+    publish,
     speed_probe,
     summarize,
     task_value,
-    write_results,
 )
 from bench.instrument import JobTimes, Timers, cpu_seconds, instrument
 from bench.recording_report import print_jobs, profile_rows, summary
@@ -237,11 +237,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds of the four variants")
     parser.add_argument("--profile", action="store_true", help="cProfile one recorded launch")
     args = parser.parse_args()
-    results: dict[str, Any] = {"machine": machine()}
-    results["recording"] = bench_jobs(args)
-    print_jobs(results["recording"])
-    path = write_results("recording", results)
-    print(f"\nwrote {path}")
+    at_start = machine()
+    publish("recording", at_start, bench_jobs(args), print_jobs)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import OthersCpu, machine, summarize, timed, write_results
+from bench.harness import OthersCpu, machine, publish, summarize, timed
 from bench.store_fixture import (
     EXPERIMENT,
     FixtureSpec,
@@ -174,11 +174,8 @@ def main() -> None:
     parser.add_argument("--naive-sample", type=int, default=50, help="configs for the anchor")
     parser.add_argument("--search-repeats", type=int, default=2, help="server fallback repeats")
     args = parser.parse_args()
-    results: dict[str, Any] = {"machine": machine()}
-    results["skip_check"] = bench_skip_check(args)
-    print_skip(results["skip_check"])
-    path = write_results("skip_check", results)
-    print(f"\nwrote {path}")
+    at_start = machine()
+    publish("skip_check", at_start, bench_skip_check(args), print_skip)
 
 
 if __name__ == "__main__":

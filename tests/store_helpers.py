@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+from dataclasses import replace
 from typing import Any
 
-from furcate_hydra.store import Tags
+from furcate_hydra.store import LauncherIdentity, Tags
+from furcate_hydra.store.liveness import process_start_ticks
 
 
 def job_runs(uri: str) -> list[Any]:
@@ -29,3 +32,15 @@ def artifact_names(uri: str, run_id: str, path: str | None = None) -> set[str]:
     from mlflow.tracking import MlflowClient
 
     return {f.path for f in MlflowClient(uri).list_artifacts(run_id, path)}
+
+
+def exited_launcher() -> LauncherIdentity:
+    """This machine's identity, but with the pid and start time of a process that has exited."""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        started = process_start_ticks(child.pid)
+        assert started is not None
+    finally:
+        child.kill()
+        child.wait()
+    return replace(LauncherIdentity.current(), pid=child.pid, started=started)

@@ -15,6 +15,7 @@ import pytest
 
 from furcate_hydra.store import LauncherIdentity, RunRecord, RunStatus, Tags, launcher_gone
 from furcate_hydra.store.liveness import process_start_ticks
+from tests.store_helpers import exited_launcher
 
 HERE = LauncherIdentity.current()
 STALE_AFTER_S = 30.0
@@ -31,14 +32,7 @@ def gone(tags: dict[str, str], heartbeat: float | None = None, now: float = 1000
 @pytest.fixture
 def exited() -> LauncherIdentity:
     """The identity of a launcher process that ran on this machine and has exited."""
-    child = subprocess.Popen(["sleep", "30"])
-    try:
-        started = process_start_ticks(child.pid)
-        assert started is not None
-    finally:
-        child.kill()
-        child.wait()
-    return replace(HERE, pid=child.pid, started=started)
+    return exited_launcher()
 
 
 def test_this_process_is_alive() -> None:

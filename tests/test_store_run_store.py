@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,9 +19,8 @@ from furcate_hydra.store import (
     Tags,
     resolve_tracking_uri,
 )
-from furcate_hydra.store.liveness import process_start_ticks
 from furcate_hydra.store.records import MAX_TAG_VALUE, RETURN_VALUE_ARTIFACT
-from tests.store_helpers import artifact_names
+from tests.store_helpers import artifact_names, exited_launcher
 
 HEARTBEAT_S = 0.2
 
@@ -171,18 +169,6 @@ def test_recorded_return_values_decode_from_the_tag(store: RunStore) -> None:
         assert record is not None
         recorded = store.recorded_return_value(record)
         assert recorded == value and type(recorded) is type(value)
-
-
-def exited_launcher() -> LauncherIdentity:
-    """This machine's identity, but with the pid and start time of a process that has exited."""
-    child = subprocess.Popen(["sleep", "30"])
-    try:
-        started = process_start_ticks(child.pid)
-        assert started is not None
-    finally:
-        child.kill()
-        child.wait()
-    return replace(LauncherIdentity.current(), pid=child.pid, started=started)
 
 
 def test_one_decide_call_sorts_a_mixed_batch(store: RunStore) -> None:
