@@ -13,6 +13,7 @@ The launcher owns every status change; jobs only log metrics and artifacts into 
 from __future__ import annotations
 
 import logging
+import pickle
 import sqlite3
 import tempfile
 import threading
@@ -88,8 +89,7 @@ class RunStore:
         if self.sweep_run_id is None:
             return
         for path in artifacts:
-            if path.exists():
-                self.client.log_artifact(self.sweep_run_id, str(path))
+            self.log_sweep_artifact(path)
         self.client.set_terminated(self.sweep_run_id, status.value)
         self.sweep_run_id = None
 
@@ -123,7 +123,7 @@ class RunStore:
         if text == "artifact:" + RETURN_VALUE_ARTIFACT:
             with tempfile.TemporaryDirectory() as tmp:
                 path = self.client.download_artifacts(record.run_id, RETURN_VALUE_ARTIFACT, tmp)
-                return decode_return_value("pickle:" + _b64(Path(path).read_bytes()))
+                return pickle.loads(Path(path).read_bytes())
         return decode_return_value(text)
 
     # -- job runs -----------------------------------------------------------------------
@@ -217,8 +217,6 @@ class RunStore:
         self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def _log_pickled_return_value(self, run_id: str, value: Any) -> None:
-        import pickle
-
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(RETURN_VALUE_ARTIFACT).name
             path.write_bytes(pickle.dumps(value))
@@ -286,9 +284,3 @@ def _use_wal(path: str) -> None:
 
 def _now() -> str:
     return f"{time.time():.3f}"
-
-
-def _b64(data: bytes) -> str:
-    import base64
-
-    return base64.b64encode(data).decode("ascii")

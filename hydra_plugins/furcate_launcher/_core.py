@@ -1,6 +1,6 @@
 """Translate Hydra's launcher calls into slot-pool calls, and pool results into JobReturns.
 
-launch(overrides...) ──► compose each job's config here (load_sweep_config, job num/id)
+launch(overrides...) ──► compose each job's config here (SweepComposer, job num/id)
                     ──► recorder: fingerprint, one MLflow lookup per chunk ──► skip / resume / run
                     ──► SlotPool.submit(payload = config + job env) ──► forked job: run_job
                     ◄── JobResult ──► JobReturn (COMPLETED / FAILED with a typed error)

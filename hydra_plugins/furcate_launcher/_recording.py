@@ -169,25 +169,24 @@ class JobRecorder:
                 f"MLflow run {record.run_id} and hydra.launcher.rerun=none; set "
                 "hydra.launcher.rerun=failed to run it again"
             )
-            status = RunStatus.parse(record.status.value)
             item.skipped = synthetic_job_return(
                 job.sweep_config, job.output_dir, JobStatus.FAILED, error
             )
             item.run_id = record.run_id
-            self._add_row(item, status, None, str(error), skipped=True)
+            self._add_row(item, record.status, None, str(error), skipped=True)
             return
         if self.store is not None:
-            tags = self._job_tags(item)
-            if decision.action is Action.RESUME and record is not None:
-                checkpoint_dir = Path(record.checkpoint_dir or checkpoint_dir)
-                tags[Tags.CHECKPOINT_DIR] = str(checkpoint_dir)
-                item.run_id = self.store.reopen_job_run(record, tags)
+            resumed = record if decision.action is Action.RESUME else None
+            if resumed is not None and resumed.checkpoint_dir:
+                checkpoint_dir = Path(resumed.checkpoint_dir)  # the run keeps its checkpoints
+            tags = {**self._job_tags(item), Tags.CHECKPOINT_DIR: str(checkpoint_dir)}
+            if resumed is not None:
+                item.run_id = self.store.reopen_job_run(resumed, tags)
                 item.resumed = True
                 log.info(
-                    "\t#%d resumes MLflow run %s (%s)", job.job_num, record.run_id, decision.reason
+                    "\t#%d resumes MLflow run %s (%s)", job.job_num, resumed.run_id, decision.reason
                 )
             else:
-                tags[Tags.CHECKPOINT_DIR] = str(checkpoint_dir)
                 name = (job.label or "defaults")[:240]
                 params = flatten_params(job.task_config)
                 item.run_id = self.store.create_job_run(name, tags, params)
@@ -265,13 +264,16 @@ class JobRecorder:
 
     def close(self, interrupted: bool) -> None:
         """Runs still in flight are KILLED (resumable); the sweep run gets its final state."""
+        if self.store is not None:
+            for item in self._in_flight.values():
+                if item.run_id is not None:
+                    self.store.finish_job_run(
+                        item.run_id, RunStatus.KILLED, error="launcher stopped"
+                    )
+        self._in_flight.clear()
+        self.flush()  # run_data.csv is the sweep's record with or without a store
         if self.store is None:
             return
-        for item in self._in_flight.values():
-            if item.run_id is not None:
-                self.store.finish_job_run(item.run_id, RunStatus.KILLED, error="launcher stopped")
-        self._in_flight.clear()
-        self.flush()
         failed = any(row.status != RunStatus.FINISHED.value for row in self._rows.values())
         status = (
             RunStatus.KILLED if interrupted else RunStatus.FAILED if failed else RunStatus.FINISHED

@@ -51,15 +51,14 @@ def _plain(parent: DictConfig | ListConfig, key: Any) -> Any:
         if isinstance(value, DictConfig | ListConfig):
             return OmegaConf.to_container(value, resolve=True)
         return value
-    value = parent._get_node(key)
-    if isinstance(value, DictConfig):
-        if value._is_missing() or value._is_none():
-            return None if value._is_none() else "???"
-        return {str(k): _plain(value, k) for k in value}
-    if isinstance(value, ListConfig):
-        if value._is_missing() or value._is_none():
-            return None if value._is_none() else "???"
-        return [_plain(value, i) for i in range(len(value))]
+    if isinstance(node, DictConfig | ListConfig):
+        if node._is_none():
+            return None
+        if node._is_missing():
+            return "???"
+        if isinstance(node, DictConfig):
+            return {str(k): _plain(node, k) for k in node}
+        return [_plain(node, i) for i in range(len(node))]
     if OmegaConf.is_missing(parent, key):
         return "???"
     return parent[key]
