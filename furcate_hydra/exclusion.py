@@ -10,13 +10,29 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from furcate_hydra.errors import FurcateConfigError
 
-__all__ = ["ConfigView", "ExclusionRule", "parse_exclusions", "unknown_keys"]
+__all__ = [
+    "ABSENT",
+    "ConfigLookup",
+    "ConfigView",
+    "ExclusionRule",
+    "parse_exclusions",
+    "unknown_keys",
+]
 
-_MISSING = object()
+# What ConfigView.get returns for a key a config does not have.
+ABSENT = object()
+
+
+class ConfigLookup(Protocol):
+    """What rules read a config through: a value (or ABSENT) per dotted key."""
+
+    def get(self, key: str) -> Any: ...
+
+    def has(self, key: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -35,14 +51,14 @@ class ConfigView:
         for part in key.split("."):
             if isinstance(node, Mapping) and part in node:
                 node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            elif _is_list(node) and part.isdigit() and int(part) < len(node):
                 node = node[int(part)]
             else:
-                return _MISSING
+                return ABSENT
         return node
 
     def has(self, key: str) -> bool:
-        return self.get(key) is not _MISSING
+        return self.get(key) is not ABSENT
 
 
 @dataclass(frozen=True)
@@ -51,7 +67,7 @@ class ExclusionRule:
 
     conditions: tuple[tuple[str, tuple[Any, ...]], ...]
 
-    def matches(self, view: ConfigView) -> bool:
+    def matches(self, view: ConfigLookup) -> bool:
         return all(
             any(_same(view.get(key), allowed) for allowed in values)
             for key, values in self.conditions
@@ -99,11 +115,15 @@ def parse_exclusions(raw: Any, key: str = "hydra.sweeper.exclude") -> list[Exclu
     return rules
 
 
-def unknown_keys(rules: Iterable[ExclusionRule], views: Iterable[ConfigView]) -> list[str]:
+def unknown_keys(rules: Iterable[ExclusionRule], views: Iterable[ConfigLookup]) -> list[str]:
     """Keys of ``rules`` found in none of ``views``: most likely typos, so callers refuse them."""
     views = list(views)
     keys = dict.fromkeys(k for rule in rules for k in rule.keys)
     return [k for k in keys if not any(view.has(k) for view in views)]
+
+
+def _is_list(node: Any) -> bool:
+    return isinstance(node, Sequence) and not isinstance(node, str | bytes)
 
 
 def _flatten(entry: Mapping[Any, Any], prefix: str) -> Iterable[tuple[str, Any]]:
@@ -116,7 +136,7 @@ def _flatten(entry: Mapping[Any, Any], prefix: str) -> Iterable[tuple[str, Any]]
 
 
 def _same(actual: Any, wanted: Any) -> bool:
-    if actual is _MISSING:
+    if actual is ABSENT:
         return False
     if isinstance(actual, bool) or isinstance(wanted, bool):
         return isinstance(actual, bool) and isinstance(wanted, bool) and actual == wanted

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
-from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from hydra.test_utils.launcher_common_tests import (
+    BatchedSweeperTestSuite,
+    IntegrationTestSuite,
+    LauncherTestSuite,
+)
 from pytest import mark
 
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
@@ -34,3 +38,23 @@ class TestFurcateLauncher(LauncherTestSuite):
 )
 class TestFurcateLauncherIntegration(IntegrationTestSuite):
     pass
+
+
+SWEEPER = ["hydra/sweeper=furcate"]
+
+
+@mark.parametrize("launcher_name, overrides", [("furcate", [*FAST, *SWEEPER])])
+class TestFurcateSweeperStreaming(LauncherTestSuite):
+    """The launcher suite again, with the grid sweeper streaming jobs onto the slots."""
+
+
+@mark.parametrize(
+    "launcher_name, overrides",
+    [
+        ("furcate", [*FAST, *SWEEPER, "hydra.sweeper.max_batch_size=2"]),
+        ("basic", [*SWEEPER, "hydra.sweeper.max_batch_size=2"]),
+    ],
+    ids=["furcate-launcher-streaming", "basic-launcher-batches"],
+)
+class TestFurcateSweeperBatched(BatchedSweeperTestSuite):
+    """Returns come grouped in max_batch_size batches, whether streamed or launched in batches."""

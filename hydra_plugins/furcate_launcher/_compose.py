@@ -64,6 +64,11 @@ class SweepComposer:
         self.shortcuts += 1
         return fast
 
+    def forget(self) -> None:
+        """Drop the composed bases: the config files changed, so compose from them afresh."""
+        self._bases.clear()
+        self._trusted.clear()
+
     def _hydra(self, overrides: Sequence[str]) -> DictConfig:
         return self.loader.load_sweep_config(self.master, list(overrides))
 

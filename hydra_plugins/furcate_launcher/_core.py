@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 # Configs composed and looked up in the store together, after the first slot-filling chunk.
 LOOKUP_CHUNK = 64
 
-__all__ = ["LaunchSession", "LauncherOptionError", "launch", "pool_options"]
+__all__ = ["LaunchSession", "LauncherOptionError", "launch", "pool_options", "streaming"]
 
 
 class LauncherOptionError(FurcateConfigError, CompactHydraException):
@@ -94,6 +94,7 @@ class LaunchSession:
         self._configs: dict[str, DictConfig] = {}
         self._ready: list[tuple[str, JobReturn]] = []
         self.composer = SweepComposer(hydra_context, config)
+        self.submitted = self.skipped = 0  # through submit/submit_batch, for the log
         self._closed = False
 
     def refresh_context(self) -> None:
@@ -113,8 +114,10 @@ class LaunchSession:
         return value, come out of the next ``wait_any``.
         """
         prepared = self.queue(jobs)
-        if summary := self.recorder.summary(prepared):
-            log.info("furcate: %s", summary)
+        # Summed over a whole stream: a sweeper submitting one job per freed slot would
+        # otherwise log a line per job.
+        self.submitted += len(prepared)
+        self.skipped += sum(1 for item in prepared if item.skipped is not None)
         return [item.job.key for item in prepared]
 
     def queue(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[PreparedJob]:
@@ -196,12 +199,9 @@ def launch(
     session: LaunchSession, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> list[JobReturn]:
     """Hydra's ``Launcher.launch``: submit every job, return JobReturns in input order."""
-    configure_log(session.config.hydra.hydra_logging, session.config.hydra.verbose)
-    Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-    log.info("Launching %d jobs on %d slots", len(job_overrides), len(session.plan.slots))
-    session.refresh_context()
     numbered = [(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-    with stop_pool_on_interrupt(session):
+    with streaming(session):
+        log.info("Launching %d jobs on %d slots", len(job_overrides), len(session.plan.slots))
         prepared: list[PreparedJob] = []
         returns: dict[str, JobReturn] = {}
         # The first chunk fills the idle slots at once; later ones are composed and looked
@@ -216,18 +216,30 @@ def launch(
             log.info("furcate: %s", summary)
         while len(returns) < len(prepared):
             returns.update(session.wait_any())
-        session.recorder.flush()
     return [returns[item.job.key] for item in prepared]
 
 
 @contextmanager
-def stop_pool_on_interrupt(session: LaunchSession) -> Iterator[None]:
-    """On Ctrl-C or SIGTERM, stop every job's process group before the launcher goes."""
+def streaming(session: LaunchSession) -> Iterator[None]:
+    """Around a run of submits and waits: Hydra's logging and sweep dir set up first; on Ctrl-C
+    or SIGTERM every job's process group is stopped before the launcher goes; the sweep's run
+    data is written when it ends."""
+    configure_log(session.config.hydra.hydra_logging, session.config.hydra.verbose)
+    Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+    session.refresh_context()
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    session.submitted = session.skipped = 0
     try:
         yield
+        session.recorder.flush()
+        if session.skipped:
+            log.info(
+                "furcate: skipped %d of %d configs already recorded in MLflow",
+                session.skipped,
+                session.submitted,
+            )
     except BaseException:
         session.close(interrupted=True)
         raise

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
 class FurcateLauncher(Launcher):
     """Runs each job in a fresh process on a pool of GPU (or CPU) slots.
 
-    Besides Hydra's batch ``launch``, it offers ``submit``/``wait_any`` so that furcate's
-    sweepers can hand a slot its next job the moment the previous one ends.
+    Besides Hydra's batch ``launch``, it offers ``submit``/``wait_any`` (inside ``streaming``)
+    so that furcate's sweepers can hand a slot its next job the moment the previous one ends.
     """
 
     def __init__(self, **options: Any) -> None:
@@ -55,6 +56,25 @@ class FurcateLauncher(Launcher):
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
         """Wait until at least one submitted job ends; return ``(key, JobReturn)`` pairs."""
         return self.session().wait_any(timeout)
+
+    @property
+    def slot_count(self) -> int:
+        """How many jobs run at once."""
+        return len(self.session().plan.slots)
+
+    @contextmanager
+    def streaming(self) -> Iterator[None]:
+        """Wrap a sweeper's submits and waits: logging and sweep dir first, every job stopped
+        on Ctrl-C or SIGTERM, the sweep's run data written at the end."""
+        from hydra_plugins.furcate_launcher._core import streaming
+
+        with streaming(self.session()):
+            yield
+
+    def config_files_changed(self) -> None:
+        """Compose jobs submitted from now on from the config files as they are now."""
+        if self._session is not None:
+            self._session.composer.forget()
 
     def session(self) -> LaunchSession:
         """The warm pool, started on first use and stopped when the launcher goes away."""

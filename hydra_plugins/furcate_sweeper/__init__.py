@@ -1,0 +1,1 @@
+"""``hydra/sweeper=furcate``: grid sweeps with exclusion filters, streamed onto the slots."""

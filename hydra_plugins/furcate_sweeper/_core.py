@@ -1,0 +1,254 @@
+"""Run a grid sweep: plan the grid, then stream it onto the launcher's slots (or launch batches).
+
+params + command line ──► grid ──► exclusion rules on composed configs ──► SweepQueue
+furcate launcher: submit one job per free slot ──► wait_any ──► next job at once
+any other launcher: launch() a batch, wait for all of it, next batch
+between waits: primary config file edited? ──► new grid ──► queue gains / drops configs
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf
+
+from furcate_hydra.sweep_queue import SweepQueue
+from hydra_plugins.furcate_sweeper._filter import FilteredGrid, GridFilter
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, SweepSpec, expand_grid
+from hydra_plugins.furcate_sweeper._live import LiveConfig, primary_config_file
+
+__all__ = ["GridPlanner", "SweepOptions", "run_grid_sweep"]
+
+log = logging.getLogger(__name__)
+
+# Most configs looked up in the store at once when a rerun finds them recorded (skipped).
+LOOKUP_CHUNK = 64
+
+
+class StreamingLauncher(Protocol):
+    """What the furcate launcher offers beyond Hydra's ``launch`` (checked by duck typing:
+    Hydra loads plugin modules twice, so isinstance against its class can fail)."""
+
+    slot_count: int
+
+    def streaming(self) -> Any: ...
+
+    def submit_batch(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[str]: ...
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]: ...
+
+    def config_files_changed(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    spec: SweepSpec
+    max_batch_size: int | None
+    watch: bool
+    watch_interval_s: float
+
+    @classmethod
+    def parse(cls, options: dict[str, Any]) -> SweepOptions:
+        spec = SweepSpec.parse(options.get("params"), options.get("exclude"))
+        size = options.get("max_batch_size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise SweeperOptionError(
+                "hydra.sweeper.max_batch_size",
+                size,
+                "must be a positive number of jobs, or null for all at once",
+                "set hydra.sweeper.max_batch_size=null (or e.g. 8)",
+            )
+        interval = options.get("watch_interval_s", 1.0)
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+            raise SweeperOptionError(
+                "hydra.sweeper.watch_interval_s",
+                interval,
+                "must be a positive number of seconds",
+                "set hydra.sweeper.watch_interval_s=1.0, or hydra.sweeper.watch=false",
+            )
+        return cls(spec, size, bool(options.get("watch", True)), float(interval))
+
+
+class GridPlanner:
+    """The configs a spec makes, less the excluded ones; composes through one GridFilter."""
+
+    def __init__(
+        self, hydra_context: HydraContext, config: DictConfig, arguments: Sequence[str]
+    ) -> None:
+        self.arguments = list(arguments)
+        self._parser = OverridesParser.create(config_loader=hydra_context.config_loader)
+        self.filter = GridFilter(hydra_context, config)
+
+    def plan(self, spec: SweepSpec) -> FilteredGrid:
+        grid = expand_grid(spec, self.arguments, self._parser)
+        return self.filter.apply(grid, spec.rules)
+
+
+class GridSweep:
+    """One sweep's state: the queue, job numbers, returns, and the live config file."""
+
+    def __init__(
+        self,
+        options: SweepOptions,
+        planner: GridPlanner,
+        hydra_context: HydraContext,
+        config: DictConfig,
+        launcher: Launcher,
+    ) -> None:
+        self.options = options
+        self.planner = planner
+        self.launcher = launcher
+        grid = planner.plan(options.spec)
+        log.info("furcate: %s", grid.describe())
+        self.queue = SweepQueue(grid.kept)
+        self.returns: dict[int, JobReturn] = {}
+        self.next_num = 0
+        self.live: LiveConfig | None = None
+        path = primary_config_file(config) if options.watch else None
+        if path is not None:
+            self.live = LiveConfig(hydra_context, config, path)
+            log.info("furcate: watching %s for edits of hydra.sweeper.params/exclude", path)
+
+    def numbered(self, configs: Sequence[tuple[str, ...]]) -> list[tuple[list[str], int]]:
+        jobs = [(list(config), self.next_num + i) for i, config in enumerate(configs)]
+        self.next_num += len(jobs)
+        return jobs
+
+    def follow_edits(self) -> None:
+        """Apply an edit of the primary config file; report and ignore one that is invalid."""
+        if self.live is None:
+            return
+        try:
+            edited = self.live.edited()
+            if edited is None:
+                return
+            options = SweepOptions.parse(_sweeper_options(edited))
+            self.planner.filter.forget()
+            grid = self.planner.plan(options.spec)
+        except Exception as exc:
+            log.error(
+                "furcate: ignoring the edit of %s, the sweep goes on with the grid it had: %s",
+                self.live.path,
+                exc,
+            )
+            return
+        if self.live.task_values_changed(edited):
+            log.info(
+                "furcate: %s changed config values; jobs started from now on use them",
+                self.live.path,
+            )
+        if hasattr(self.launcher, "config_files_changed"):
+            self.launcher.config_files_changed()
+        change = self.queue.replace_grid(grid.kept)
+        log.info(
+            "furcate: %s edited: %s; %d new configs queued, %d queued configs dropped, "
+            "%d already started or finished; %d waiting",
+            self.live.path,
+            grid.describe(),
+            len(change.added),
+            len(change.dropped),
+            change.already_taken,
+            len(self.queue),
+        )
+
+    def ordered_returns(self) -> list[JobReturn]:
+        return [self.returns[num] for num in sorted(self.returns)]
+
+
+def run_grid_sweep(
+    options: SweepOptions,
+    hydra_context: HydraContext,
+    config: DictConfig,
+    launcher: Launcher,
+    arguments: Sequence[str],
+) -> list[list[JobReturn]]:
+    """Run every config of the grid once; returns in job order, grouped in batches."""
+    planner = GridPlanner(hydra_context, config, arguments)
+    sweep = GridSweep(options, planner, hydra_context, config, launcher)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    if _can_stream(launcher):
+        _stream(sweep, launcher)
+    else:
+        _batches(sweep, launcher, options.max_batch_size)
+    returns = sweep.ordered_returns()
+    _raise_first_failure(returns)
+    size = options.max_batch_size or max(len(returns), 1)
+    return [returns[i : i + size] for i in range(0, len(returns), size)] or [[]]
+
+
+def _can_stream(launcher: Launcher) -> bool:
+    return all(
+        hasattr(launcher, name) for name in ("streaming", "submit_batch", "wait_any", "slot_count")
+    )
+
+
+def _stream(sweep: GridSweep, launcher: Any) -> None:
+    """Keep every slot busy: a slot's next job is submitted as soon as its job ends."""
+    if not len(sweep.queue):
+        return  # nothing to run: no pool to start
+    in_flight: dict[str, int] = {}
+    lookahead = 0  # grows while reruns find whole batches recorded (skipped)
+    interval = sweep.options.watch_interval_s if sweep.live is not None else None
+    with launcher.streaming():
+        slots = int(launcher.slot_count)
+        while len(sweep.queue) or in_flight:
+            free = slots - len(in_flight)
+            done: list[tuple[str, JobReturn]] = []
+            if free > 0 and len(sweep.queue):
+                jobs = sweep.numbered(sweep.queue.take(max(free, lookahead)))
+                keys = launcher.submit_batch(jobs)
+                in_flight.update(zip(keys, (num for _, num in jobs), strict=True))
+                done = launcher.wait_any(timeout=0)  # skipped jobs come back at once
+                batch = set(keys)
+                skipped = sum(1 for key, _ in done if key in batch)
+                lookahead = min(LOOKUP_CHUNK, 2 * len(jobs)) if skipped == len(jobs) else 0
+            elif in_flight:
+                done = launcher.wait_any(timeout=interval)
+            for key, job_return in done:
+                sweep.returns[in_flight.pop(key)] = job_return
+            sweep.follow_edits()
+
+
+def _batches(sweep: GridSweep, launcher: Launcher, max_batch_size: int | None) -> None:
+    """Hydra's way, for launchers that cannot stream: a batch, all of it, the next batch."""
+    while len(sweep.queue):
+        jobs = sweep.numbered(sweep.queue.take(max_batch_size or len(sweep.queue)))
+        tic = time.perf_counter()
+        results = launcher.launch([overrides for overrides, _ in jobs], jobs[0][1])
+        log.debug("furcate: batch of %d took %.1f s", len(jobs), time.perf_counter() - tic)
+        for (_, num), job_return in zip(jobs, results, strict=True):
+            sweep.returns[num] = job_return
+        sweep.follow_edits()
+
+
+def _raise_first_failure(returns: Sequence[JobReturn]) -> None:
+    """Like Hydra's sweepers, end with the first failed job's error; but only after every
+    other config has run, so one bad config does not cost the rest of the sweep."""
+    failed = [r for r in returns if r.status is JobStatus.FAILED]
+    if not failed:
+        return
+    names = ", ".join(
+        f"#{r.hydra_cfg.hydra.job.num} ({' '.join(r.overrides or []) or 'no overrides'})"
+        if r.hydra_cfg is not None
+        else " ".join(r.overrides or [])
+        for r in failed[:5]
+    )
+    more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+    log.error("furcate: %d of %d jobs failed: %s%s", len(failed), len(returns), names, more)
+    _ = failed[0].return_value  # raises the job's own exception
+
+
+def _sweeper_options(config: DictConfig) -> dict[str, Any]:
+    node = OmegaConf.select(config, "hydra.sweeper")
+    return {str(k): node[k] for k in node} if node is not None else {}

@@ -1,0 +1,135 @@
+"""Exclusion rules judged on each config as Hydra composes it, so defaults and group choices count.
+
+Every config of the grid is composed here, before anything runs: a config that cannot be
+composed fails the sweep at once (as Hydra's ``validate_batch_is_legal`` does), and a rule key
+found in no composed config is refused as a typo. The composed values a rule reads are kept per
+config, so an edit of the rules costs no composition unless it names new keys.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf
+
+from furcate_hydra.exclusion import ABSENT, ConfigView, ExclusionRule, unknown_keys
+from hydra_plugins.furcate_launcher._compose import SweepComposer
+from hydra_plugins.furcate_launcher._task_config import as_job
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+
+__all__ = ["FilteredGrid", "GridFilter"]
+
+log = logging.getLogger(__name__)
+
+Config = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FilteredGrid:
+    """The grid's configs that run, and how many each rule excluded (first matching rule)."""
+
+    kept: list[Config]
+    total: int
+    excluded_by: Counter[ExclusionRule] = field(default_factory=Counter)
+
+    @property
+    def excluded(self) -> int:
+        return self.total - len(self.kept)
+
+    def describe(self) -> str:
+        text = f"{len(self.kept)} of {self.total} configs to run"
+        if not self.excluded:
+            return text
+        rules = ", ".join(f"{rule}: {n}" for rule, n in self.excluded_by.items())
+        return f"{text}, {self.excluded} excluded by hydra.sweeper.exclude ({rules})"
+
+
+class _Values:
+    """The composed values of one config at the keys rules name (a ConfigView look-alike)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = values
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key, ABSENT)
+
+    def has(self, key: str) -> bool:
+        return self.values.get(key, ABSENT) is not ABSENT
+
+
+class GridFilter:
+    """``apply(grid, rules)``: compose each config once, keep those no rule matches."""
+
+    def __init__(self, hydra_context: HydraContext, master_config: DictConfig) -> None:
+        self.composer = SweepComposer(hydra_context, master_config)
+        self._values: dict[Config, dict[str, Any]] = {}
+
+    def forget(self) -> None:
+        """The config files changed: compose from them again."""
+        self.composer.forget()
+        self._values.clear()
+
+    def apply(self, grid: Sequence[Sequence[str]], rules: Sequence[ExclusionRule]) -> FilteredGrid:
+        keys = list(dict.fromkeys(key for rule in rules for key in rule.keys))
+        configs = [tuple(c) for c in grid]
+        views = [self._view(config, keys) for config in configs]
+        if unknown := unknown_keys(rules, views):
+            index = next(i for i, rule in enumerate(rules) if unknown[0] in rule.keys)
+            raise SweeperOptionError(
+                f"hydra.sweeper.exclude[{index}]",
+                unknown[0],
+                "names a key that is in no config of the sweep (neither a config key nor a "
+                "config group)",
+                "check the spelling against the composed config (python <app>.py --cfg job); "
+                "keys are dotted paths such as model.width, or group names such as optimizer",
+            )
+        kept: list[Config] = []
+        excluded_by: Counter[ExclusionRule] = Counter()
+        for config, view in zip(configs, views, strict=True):
+            rule = next((r for r in rules if r.matches(view)), None)
+            if rule is None:
+                kept.append(config)
+            else:
+                excluded_by[rule] += 1
+        return FilteredGrid(kept, len(configs), excluded_by)
+
+    def _view(self, config: Config, keys: Sequence[str]) -> _Values:
+        known = self._values.get(config)
+        if known is None or any(key not in known for key in keys):
+            # Composing also proves the config composes, before any job runs.
+            sweep_config = self.composer.compose(list(config))
+            known = self._values[config] = self._read(sweep_config, config, keys)
+        return _Values(known)
+
+    @staticmethod
+    def _read(sweep_config: DictConfig, config: Config, keys: Sequence[str]) -> dict[str, Any]:
+        choices = OmegaConf.to_container(sweep_config.hydra.runtime.choices)
+        assert isinstance(choices, dict)
+        view = ConfigView(sweep_config, {str(k): v for k, v in choices.items()})
+        values: dict[str, Any] = {}
+        with as_job(sweep_config):
+            for key in keys:
+                try:
+                    value = view.get(key)
+                except Exception as exc:  # an interpolation that cannot be resolved
+                    raise SweeperOptionError(
+                        "hydra.sweeper.exclude",
+                        key,
+                        f"cannot be read in the config of {' '.join(config) or 'no overrides'} "
+                        f"({type(exc).__name__}: {exc})",
+                        "exclude on a key whose value composes without the job's runtime",
+                    ) from None
+                if value is not ABSENT:
+                    values[key] = _plain(value)
+        return values
+
+
+def _plain(value: Any) -> Any:
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
