@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import APPS
+from tests.store_helpers import job_runs
 
 
 def _alive(pid: int) -> bool:
@@ -32,13 +33,26 @@ def _wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) 
     raise AssertionError(f"only {len(launcher.children(recursive=True))} descendants appeared")
 
 
-@pytest.mark.parametrize("how", ["ctrl_c", "sigterm", "sigkill"])
-def test_interrupt_leaves_no_process_behind(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(
+    "how, sweeper",
+    [
+        ("ctrl_c", "basic"),
+        ("sigterm", "basic"),
+        ("sigkill", "basic"),
+        # the grid sweeper streams through submit/wait_any rather than launch()
+        ("ctrl_c", "furcate"),
+        ("sigterm", "furcate"),
+    ],
+)
+def test_interrupt_leaves_no_process_behind(
+    tmp_path: Path, mlflow_store: str, how: str, sweeper: str
+) -> None:
     process = subprocess.Popen(
         [
             sys.executable,
             str(APPS / "probe_app.py"),
             "-m",
+            f"hydra/sweeper={sweeper}",
             "mode=spawn_and_hang",
             "+i=0,1",
             "hydra.launcher.gpus=[0,1]",
@@ -75,3 +89,5 @@ def test_interrupt_leaves_no_process_behind(tmp_path: Path, how: str) -> None:
     assert [pid for pid in descendants if _alive(pid)] == []
     assert process.returncode != 0
     assert took < 15, f"stopping took {took:.1f} s; stderr:\n{stderr.decode()}"
+    if how != "sigkill":  # a launcher that could clean up recorded what it stopped
+        assert sorted(r.info.status for r in job_runs(mlflow_store)) == ["KILLED", "KILLED"]

@@ -35,6 +35,7 @@ class FilteredGrid:
 
     kept: list[Config]
     total: int
+    rules: tuple[ExclusionRule, ...] = ()
     excluded_by: Counter[ExclusionRule] = field(default_factory=Counter)
 
     @property
@@ -45,7 +46,7 @@ class FilteredGrid:
         text = f"{len(self.kept)} of {self.total} configs to run"
         if not self.excluded:
             return text
-        rules = ", ".join(f"{rule}: {n}" for rule, n in self.excluded_by.items())
+        rules = ", ".join(f"{rule}: {self.excluded_by[rule]}" for rule in self.rules)
         return f"{text}, {self.excluded} excluded by hydra.sweeper.exclude ({rules})"
 
 
@@ -96,7 +97,7 @@ class GridFilter:
                 kept.append(config)
             else:
                 excluded_by[rule] += 1
-        return FilteredGrid(kept, len(configs), excluded_by)
+        return FilteredGrid(kept, len(configs), tuple(rules), excluded_by)
 
     def _view(self, config: Config, keys: Sequence[str]) -> _Values:
         known = self._values.get(config)

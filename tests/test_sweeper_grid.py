@@ -1,0 +1,109 @@
+"""hydra/sweeper=furcate through the real CLI: Hydra's grid syntax, exclusions, failures."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from furcate_hydra.store import RunStatus
+from tests.conftest import run_probe_sweep
+from tests.store_helpers import job_runs
+from tests.sweeper_helpers import ran_jobs, ran_overrides
+
+GRID = ["hydra/sweeper=furcate", "hydra.launcher.gpus=[0,1]"]
+
+
+def test_exclusions_match_lists_dotted_keys_and_group_choices(tmp_path: Path) -> None:
+    # model/small.yaml has width 8 depth 1, model/big.yaml width 64 depth 3: the rules below
+    # read those from the composed config (group defaults), not from the command line.
+    rules = (
+        "hydra.sweeper.exclude=["
+        "{model: big, sleep: 0},"  # a group's choice
+        "{model: {width: 8}, sleep: [0.01, 0.02]},"  # nested keys, a list meaning any of
+        "{model.depth: 3, sleep: 0.02}]"  # a dotted key
+    )
+    result = run_probe_sweep(tmp_path, *GRID, "+model=small,big", "sleep=0,0.01,0.02", rules)
+    assert result.returncode == 0, result.stderr
+    assert ran_overrides(tmp_path / "sweep") == [
+        ("+model=small", "sleep=0"),
+        ("+model=big", "sleep=0.01"),
+    ]
+    assert (
+        "2 of 6 configs to run, 4 excluded by hydra.sweeper.exclude "
+        "({model='big', sleep=0}: 1, {model.width=8, sleep in [0.01, 0.02]}: 2, "
+        "{model.depth=3, sleep=0.02}: 1)"
+    ) in result.stdout
+    # job numbers are dense: excluded configs take none
+    assert list(ran_jobs(tmp_path / "sweep")) == [0, 1]
+
+
+def test_grid_syntax_and_order_are_hydras(tmp_path: Path) -> None:
+    result = run_probe_sweep(
+        tmp_path,
+        *GRID,
+        "hydra.sweeper.watch=false",
+        "+hydra.sweeper.params.sleep='choice(0,0.01)'",  # params come first in the grid
+        "+model=glob(*)",  # a config-group sweep over every option
+        "+i=range(0,2)",
+    )
+    assert result.returncode == 0, result.stderr
+    expected = list(
+        itertools.product(
+            ["sleep=0", "sleep=0.01"], ["+model=big", "+model=small"], ["+i=0", "+i=1"]
+        )
+    )
+    assert ran_overrides(tmp_path / "sweep") == expected
+    assert "8 of 8 configs to run" in result.stdout
+
+
+def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path, mlflow_store: str) -> None:
+    result = run_probe_sweep(tmp_path, *GRID, "mode=raise,ok", "+i=0,1,2")
+    assert result.returncode != 0
+    # every config ran, the failing ones included (the probe records before it raises)
+    assert len(ran_jobs(tmp_path / "sweep")) == 6
+    assert "furcate: 3 of 6 jobs failed: #0 (mode=raise +i=0)" in result.stdout
+    assert "the task raised on purpose" in result.stderr
+    statuses = sorted(r.info.status for r in job_runs(mlflow_store))
+    assert statuses == [RunStatus.FAILED.value] * 3 + [RunStatus.FINISHED.value] * 3
+
+
+BAD_OPTIONS = [
+    (
+        ["+hydra.sweeper.params.sleep='interval(0,1)'"],
+        "Invalid hydra.sweeper.params.sleep='interval(0,1)': is an interval",
+    ),
+    (["sleep=interval(0,1)"], "Invalid sleep='interval(0,1)': is an interval"),
+    (["+hydra.sweeper.params.sleep='1,2,('"], "Invalid hydra.sweeper.params.sleep='1,2,('"),
+    (["hydra.sweeper.exclude=[{sleeep: 0}]"], "Invalid hydra.sweeper.exclude[0]='sleeep'"),
+    (["hydra.sweeper.exclude=[{}]"], "Invalid hydra.sweeper.exclude[0]={}"),
+    (["hydra.sweeper.exclude=[{sleep: []}]"], "Invalid hydra.sweeper.exclude[0].sleep=[]"),
+    (["hydra.sweeper.max_batch_size=0"], "Invalid hydra.sweeper.max_batch_size=0"),
+    (["hydra.sweeper.watch_interval_s=0"], "Invalid hydra.sweeper.watch_interval_s=0.0"),
+]
+
+
+@pytest.mark.parametrize(
+    "overrides, message", BAD_OPTIONS, ids=[o[0][0].split("=")[0] for o in BAD_OPTIONS]
+)
+def test_bad_sweeper_options_stop_before_anything_runs(
+    tmp_path: Path, mlflow_store: str, overrides: list[str], message: str
+) -> None:
+    result = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01", *overrides)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Fix:" in result.stderr
+    assert "Traceback" not in result.stderr  # a compact message, not a stack trace
+    assert ran_jobs(tmp_path / "sweep") == {}
+    assert job_runs(mlflow_store) == []
+
+
+def test_a_bad_sweep_leaves_what_was_recorded_intact(tmp_path: Path, mlflow_store: str) -> None:
+    first = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01")
+    assert first.returncode == 0, first.stderr
+    before = [(r.info.run_id, r.info.status, r.info.end_time) for r in job_runs(mlflow_store)]
+    bad = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01", "hydra.sweeper.exclude=[{sleeep: 0}]")
+    assert bad.returncode != 0
+    after = [(r.info.run_id, r.info.status, r.info.end_time) for r in job_runs(mlflow_store)]
+    assert after == before and len(before) == 2

@@ -1,0 +1,89 @@
+"""Live edits: the primary config file is edited while a real sweep runs in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import APPS
+from tests.sweeper_helpers import ran_jobs
+
+CONFIG = """\
+defaults:
+  - override hydra/launcher: furcate
+  - override hydra/sweeper: furcate
+  - _self_
+
+i: 0
+mode: ok
+sleep: 0.6
+hydra:
+  launcher:
+    preload: []
+    gpus: [0]  # one slot: jobs run one after the other, so the queue is long while we edit
+  sweeper:
+    watch_interval_s: 0.1
+    params:
+      i: {values}
+    exclude: {exclude}
+"""
+
+
+def write_config(path: Path, values: str, exclude: str = "[]") -> None:
+    # As editors save: a new file renamed over the old one, never a half-written file.
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(CONFIG.format(values=values, exclude=exclude))
+    temporary.replace(path)
+
+
+def wait_for(condition: object, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the sweep")
+        time.sleep(0.05)
+
+
+def test_editing_the_grid_mid_sweep_queues_new_and_drops_removed_configs(tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    (app / "conf").mkdir(parents=True)
+    shutil.copy(APPS / "probe_app.py", app / "probe_app.py")
+    config = app / "conf" / "probe.yaml"
+    write_config(config, "0,1,2,3,4,5")
+    sweep_dir = tmp_path / "sweep"
+    process = subprocess.Popen(
+        [sys.executable, str(app / "probe_app.py"), "-m", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+    try:
+        wait_for(lambda: (sweep_dir / "0").is_dir())  # job 0 started
+        # Drop 4 and 5 (still queued), add 10 and 11, and exclude 11; 0 is kept but finished
+        # or running, so it must not run again.
+        write_config(config, "0,1,2,3,10,11", exclude="[{i: 11}]")
+        wait_for(lambda: (sweep_dir / "2").is_dir())
+        # A broken edit is reported and ignored; the sweep goes on with the grid it had.
+        write_config(config, "0,1,(")
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    jobs = ran_jobs(sweep_dir)
+    assert [job.overrides for job in jobs.values()] == [
+        ("i=0",),
+        ("i=1",),
+        ("i=2",),
+        ("i=3",),
+        ("i=10",),
+    ]
+    assert list(jobs) == [0, 1, 2, 3, 4]  # job numbers keep increasing, none reused
+    assert "5 of 6 configs to run, 1 excluded by hydra.sweeper.exclude ({i=11}: 1)" in stdout
+    assert "1 new configs queued, 2 queued configs dropped" in stdout
+    assert "furcate: ignoring the edit of" in stdout and "the sweep goes on" in stdout
