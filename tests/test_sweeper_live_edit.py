@@ -7,7 +7,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import APPS
 from tests.sweeper_helpers import ran_jobs
@@ -22,9 +25,6 @@ i: 0
 mode: ok
 sleep: 0.6
 hydra:
-  launcher:
-    preload: []
-    gpus: [0]  # one slot: jobs run one after the other, so the queue is long while we edit
   sweeper:
     watch_interval_s: 0.1
     params:
@@ -40,15 +40,30 @@ def write_config(path: Path, values: str, exclude: str = "[]") -> None:
     temporary.replace(path)
 
 
-def wait_for(condition: object, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
+def wait_for(condition: Callable[[], bool], process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"the sweep ended early:\n{process.communicate()}")
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for the sweep")
         time.sleep(0.05)
 
 
-def test_editing_the_grid_mid_sweep_queues_new_and_drops_removed_configs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        # the furcate launcher: streamed, the file is checked while jobs run; one slot, so
+        # jobs run one after the other and the queue is long while the test edits
+        ["hydra.launcher.preload=[]", "hydra.launcher.gpus=[0]"],
+        # any other launcher: Hydra batches (of one job here), the file checked between them
+        ["hydra/launcher=basic", "hydra.sweeper.max_batch_size=1"],
+    ],
+    ids=["streaming", "batches"],
+)
+def test_editing_the_grid_mid_sweep_queues_new_and_drops_removed_configs(
+    tmp_path: Path, launcher: list[str]
+) -> None:
     app = tmp_path / "app"
     (app / "conf").mkdir(parents=True)
     shutil.copy(APPS / "probe_app.py", app / "probe_app.py")
@@ -56,7 +71,13 @@ def test_editing_the_grid_mid_sweep_queues_new_and_drops_removed_configs(tmp_pat
     write_config(config, "0,1,2,3,4,5")
     sweep_dir = tmp_path / "sweep"
     process = subprocess.Popen(
-        [sys.executable, str(app / "probe_app.py"), "-m", f"hydra.sweep.dir={sweep_dir}"],
+        [
+            sys.executable,
+            str(app / "probe_app.py"),
+            "-m",
+            f"hydra.sweep.dir={sweep_dir}",
+            *launcher,
+        ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -64,11 +85,11 @@ def test_editing_the_grid_mid_sweep_queues_new_and_drops_removed_configs(tmp_pat
         env=os.environ.copy(),
     )
     try:
-        wait_for(lambda: (sweep_dir / "0").is_dir())  # job 0 started
+        wait_for(lambda: (sweep_dir / "0").is_dir(), process)  # job 0 started
         # Drop 4 and 5 (still queued), add 10 and 11, and exclude 11; 0 is kept but finished
         # or running, so it must not run again.
         write_config(config, "0,1,2,3,10,11", exclude="[{i: 11}]")
-        wait_for(lambda: (sweep_dir / "2").is_dir())
+        wait_for(lambda: (sweep_dir / "2").is_dir(), process)
         # A broken edit is reported and ignored; the sweep goes on with the grid it had.
         write_config(config, "0,1,(")
         stdout, stderr = process.communicate(timeout=120)
