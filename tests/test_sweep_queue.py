@@ -41,3 +41,11 @@ def test_removing_then_restoring_a_queued_config_queues_it_again() -> None:
 def test_an_edit_that_changes_nothing_is_falsy() -> None:
     queue = SweepQueue(grid(0, 1))
     assert not queue.replace_grid(grid(0, 1))
+
+
+def test_put_back_returns_configs_to_the_front_untaken() -> None:
+    queue = SweepQueue(grid(0, 1, 2))
+    taken = queue.take(2)
+    queue.put_back(taken)
+    assert queue.waiting == (("i=0",), ("i=1",), ("i=2",))
+    assert queue.taken == 0

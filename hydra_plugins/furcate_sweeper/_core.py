@@ -23,7 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra.sweep_queue import SweepQueue
 from hydra_plugins.furcate_sweeper._filter import FilteredGrid, GridFilter
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, SweepSpec, expand_grid
+from hydra_plugins.furcate_sweeper._grid import (
+    COMPOSE_ERRORS,
+    SweeperOptionError,
+    SweepSpec,
+    expand_grid,
+    first_line,
+)
 from hydra_plugins.furcate_sweeper._live import LiveConfig, primary_config_file
 
 __all__ = ["GridPlanner", "SweepOptions", "run_grid_sweep"]
@@ -112,6 +118,12 @@ class GridSweep:
         self.queue = SweepQueue(grid.kept)
         self.returns: dict[int, JobReturn] = {}
         self.next_num = 0
+        self.config = config
+        self.loader = hydra_context.config_loader
+        # Set when the config files stopped composing mid-sweep (an edit left them broken):
+        # no new job starts until an edit makes them compose again.
+        self.on_hold = False
+        self.files_changed = False
         self.live: LiveConfig | None = None
         path = primary_config_file(config) if options.watch else None
         if path is not None:
@@ -123,14 +135,42 @@ class GridSweep:
         self.next_num += len(jobs)
         return jobs
 
+    def hold(self, jobs: Sequence[tuple[list[str], int]], error: BaseException) -> None:
+        """Jobs that no longer compose go back to the queue, their numbers unused, until an
+        edit fixes the files; without a watched file the error ends the sweep, as in Hydra."""
+        if self.live is None:
+            raise error
+        self.queue.put_back([tuple(overrides) for overrides, _ in jobs])
+        self.next_num = jobs[0][1]
+        self.on_hold = True
+        log.error(
+            "furcate: job #%d (%s) does not compose from the config files as they are now: "
+            "%s. No new job starts until %s is fixed; running jobs go on.",
+            jobs[0][1],
+            " ".join(jobs[0][0]) or "no overrides",
+            first_line(error),
+            self.live.path,
+        )
+
+    def composes(self, jobs: Sequence[tuple[list[str], int]]) -> bool:
+        """For launchers that compose each job from the files: check first, once they changed."""
+        if not self.files_changed:
+            return True  # the planner composed every config of the grid from these files
+        try:
+            for overrides, _ in jobs:
+                self.loader.load_sweep_config(self.config, list(overrides))
+        except COMPOSE_ERRORS as exc:
+            self.hold(jobs, exc)
+            return False
+        return True
+
     def follow_edits(self) -> None:
         """Apply an edit of the primary config file; report and ignore one that is invalid."""
-        if self.live is None:
+        if self.live is None or not self.live.changed():
             return
+        self.files_changed = True
         try:
-            edited = self.live.edited()
-            if edited is None:
-                return
+            edited = self.live.reload()
             options = SweepOptions.parse(_sweeper_options(edited))
             self.planner.filter.forget()
             grid = self.planner.plan(options.spec)
@@ -148,6 +188,7 @@ class GridSweep:
             )
         if hasattr(self.launcher, "config_files_changed"):
             self.launcher.config_files_changed()
+        self.on_hold = False
         change = self.queue.replace_grid(grid.kept)
         log.info(
             "furcate: %s edited: %s; %d new configs queued, %d queued configs dropped, "
@@ -205,9 +246,13 @@ def _stream(sweep: GridSweep, launcher: Any) -> None:
         while len(sweep.queue) or in_flight:
             free = slots - len(in_flight)
             done: list[tuple[str, JobReturn]] = []
-            if free > 0 and len(sweep.queue):
+            if free > 0 and len(sweep.queue) and not sweep.on_hold:
                 jobs = sweep.numbered(sweep.queue.take(max(free, lookahead)))
-                keys = launcher.submit_batch(jobs)
+                try:
+                    keys = launcher.submit_batch(jobs)
+                except COMPOSE_ERRORS as exc:  # the files were edited into a broken state
+                    sweep.hold(jobs, exc)
+                    continue
                 in_flight.update(zip(keys, (num for _, num in jobs), strict=True))
                 done = launcher.wait_any(timeout=0)  # skipped jobs come back at once
                 batch = set(keys)
@@ -215,6 +260,8 @@ def _stream(sweep: GridSweep, launcher: Any) -> None:
                 lookahead = min(LOOKUP_CHUNK, 2 * len(jobs)) if skipped == len(jobs) else 0
             elif in_flight:
                 done = launcher.wait_any(timeout=interval)
+            else:  # on hold with nothing running: wait for the fixing edit
+                time.sleep(sweep.options.watch_interval_s)
             for key, job_return in done:
                 sweep.returns[in_flight.pop(key)] = job_return
             sweep.follow_edits()
@@ -223,7 +270,13 @@ def _stream(sweep: GridSweep, launcher: Any) -> None:
 def _batches(sweep: GridSweep, launcher: Launcher, max_batch_size: int | None) -> None:
     """Hydra's way, for launchers that cannot stream: a batch, all of it, the next batch."""
     while len(sweep.queue):
+        if sweep.on_hold:
+            time.sleep(sweep.options.watch_interval_s)
+            sweep.follow_edits()
+            continue
         jobs = sweep.numbered(sweep.queue.take(max_batch_size or len(sweep.queue)))
+        if not sweep.composes(jobs):
+            continue
         tic = time.perf_counter()
         results = launcher.launch([overrides for overrides, _ in jobs], jobs[0][1])
         log.debug("furcate: batch of %d took %.1f s", len(jobs), time.perf_counter() - tic)

@@ -12,15 +12,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import CompactHydraException, HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.exclusion import ExclusionRule, parse_exclusions
 
-__all__ = ["SweepSpec", "SweeperOptionError", "expand_grid"]
+__all__ = ["COMPOSE_ERRORS", "SweepSpec", "SweeperOptionError", "expand_grid", "first_line"]
+
+# What Hydra raises for config files it cannot compose (bad YAML, a missing group option, a
+# value of the wrong type): an edit mid-sweep can cause any of them.
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError)
 
 
 class SweeperOptionError(FurcateConfigError, CompactHydraException):
@@ -67,7 +73,7 @@ def expand_grid(
             raise SweeperOptionError(
                 f"hydra.sweeper.params.{key}",
                 value,
-                f"is not a valid Hydra override value ({_first_line(exc)})",
+                f"is not a valid Hydra override value ({first_line(exc)})",
                 "use Hydra's sweep syntax: 1,2,3 or choice(a,b) or range(1,10) or glob(*)",
             ) from None
         parsed.append((f"hydra.sweeper.params.{key}", override))
@@ -111,5 +117,5 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -38,7 +38,7 @@ def primary_config_file(config: DictConfig) -> Path | None:
 
 
 class LiveConfig:
-    """``edited()`` is the freshly composed config after each change of the file, else None."""
+    """``changed()`` once per edit of the file; ``reload()`` composes the config as it is now."""
 
     def __init__(self, hydra_context: HydraContext, config: DictConfig, path: Path) -> None:
         self.path = path
@@ -48,10 +48,11 @@ class LiveConfig:
         self._watcher = FileWatcher(path)
         self._task = _task_part(config)
 
-    def edited(self) -> DictConfig | None:
+    def changed(self) -> bool:
+        return self._watcher.changed()
+
+    def reload(self) -> DictConfig:
         """Raises what Hydra raises for an edit it cannot compose (the edit is then ignored)."""
-        if not self._watcher.changed():
-            return None
         return self._loader.load_configuration(
             config_name=self._config_name,
             overrides=list(self._overrides),
