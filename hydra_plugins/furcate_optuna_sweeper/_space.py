@@ -1,0 +1,145 @@
+"""hydra-optuna-sweeper's search-space syntax, read with Hydra's parser, as Optuna distributions.
+
+    x: interval(-5, 5)              FloatDistribution (Hydra reads an interval's ends as floats)
+    lr: tag(log, interval(1e-5, 1)) log-uniform
+    n: int(interval(1, 8))          IntDistribution
+    x: range(-5.5, 5.5, step=0.5)   stepped: the values Hydra's range lists (stop excluded)
+    opt: choice(Adam, SGD)          CategoricalDistribution (also a,b and glob(*) over groups)
+    epochs: 10                      fixed: passed to every trial unchanged
+
+A sampled value goes back to Hydra as an override (``override_line``), so a trial's job is
+composed exactly as a grid job with the same values would be.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import (
+    ChoiceSweep,
+    Glob,
+    IntervalSweep,
+    Override,
+    RangeSweep,
+    Transformer,
+)
+from hydra.errors import HydraException
+
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, first_line
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
+__all__ = ["SearchSpace", "override_line", "parse_search_space"]
+
+# Strings that read back as themselves in a Hydra override without quotes.
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]*")
+_KEYWORDS = {"true", "false", "null", "nan", "inf", "int", "float", "str", "bool", "json_str"}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What Optuna samples (key -> distribution) and the overrides every trial gets as they are."""
+
+    distributions: dict[str, BaseDistribution]
+    fixed: tuple[str, ...]
+
+    def overrides(self, params: Mapping[str, Any]) -> list[str]:
+        """A trial's overrides: the fixed ones, then one per sampled key in search-space order."""
+        return [*self.fixed, *(override_line(k, params[k]) for k in self.distributions)]
+
+
+def parse_search_space(
+    params: Mapping[str, str], arguments: Sequence[str], parser: OverridesParser
+) -> SearchSpace:
+    """``hydra.sweeper.params`` first, then the command line, which wins for a key in both."""
+    parsed: dict[str, tuple[str, Override]] = {}
+    for key, value in params.items():
+        line = f"{key}={value}"
+        try:
+            (override,) = parser.parse_overrides([line])
+        except HydraException as exc:
+            raise SweeperOptionError(
+                f"hydra.sweeper.params.{key}",
+                value,
+                f"is not a valid search space ({first_line(exc)})",
+                "use interval(0.1, 1), tag(log, interval(1e-5, 1)), int(interval(1, 8)), "
+                "range(1, 10), choice(a, b) or a fixed value",
+            ) from None
+        parsed[override.get_key_element()] = (f"hydra.sweeper.params.{key}", override)
+    for override in parser.parse_overrides(list(arguments)):
+        parsed[override.get_key_element()] = (override.get_key_element(), override)
+
+    distributions: dict[str, BaseDistribution] = {}
+    fixed: list[str] = []
+    for key, (source, override) in parsed.items():
+        if override.is_sweep_override():
+            distributions[key] = _distribution(source, override)
+        else:
+            fixed.append(f"{key}={override.get_value_element_as_str()}")
+    return SearchSpace(distributions, tuple(fixed))
+
+
+def override_line(key: str, value: Any) -> str:
+    """``key=value`` such that Hydra reads ``value`` back with its type."""
+    if isinstance(value, str):
+        plain = _PLAIN.fullmatch(value) and value.lower() not in _KEYWORDS
+        if not plain:
+            value = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return f"{key}={value}"
+    if isinstance(value, bool):
+        return f"{key}={str(value).lower()}"
+    if value is None:
+        return f"{key}=null"
+    return f"{key}={value!r}"
+
+
+def _distribution(source: str, override: Override) -> BaseDistribution:
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    sweep = override.value()
+    text = (override.input_line or "").partition("=")[2]
+    if isinstance(sweep, IntervalSweep):
+        low, high = sweep.start, sweep.end
+        assert low is not None and high is not None
+        log = "log" in sweep.tags
+        if not low < high:
+            raise SweeperOptionError(
+                source, text, "needs its low end below its high end", "write interval(low, high)"
+            )
+        if log and low <= 0:
+            raise SweeperOptionError(
+                source, text, "is log-scaled, so its low end must be above 0", "e.g. 1e-5"
+            )
+        if isinstance(low, int) and isinstance(high, int):
+            return IntDistribution(low, high, log=log)
+        return FloatDistribution(float(low), float(high), log=log)
+    if isinstance(sweep, RangeSweep) and not sweep.shuffle:
+        values: list[Any] = list(override.sweep_iterator())
+        if not values:
+            raise SweeperOptionError(source, text, "lists no values", "e.g. range(1, 10)")
+        step = abs(sweep.step)
+        # Hydra's range leaves out its stop; Optuna's high is the last value it may sample.
+        first, last = min(values), max(values)
+        if all(isinstance(v, int) for v in (first, last, step)):
+            return IntDistribution(first, last, step=int(step))
+        return FloatDistribution(float(first), float(last), step=float(step))
+    if isinstance(sweep, ChoiceSweep | RangeSweep | Glob):
+        choices = list(override.sweep_iterator(transformer=Transformer.encode))
+        if not choices:
+            raise SweeperOptionError(source, text, "lists no values", "e.g. choice(a, b)")
+        return CategoricalDistribution(choices)  # type: ignore[arg-type]
+    raise SweeperOptionError(
+        source,
+        text,
+        "is not a search space Optuna can sample",
+        "use interval(...), tag(log, interval(...)), range(...) or choice(...)",
+    )

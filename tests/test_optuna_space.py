@@ -1,0 +1,76 @@
+"""hydra-optuna-sweeper's search-space syntax becomes the Optuna distributions it means."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from hydra_plugins.furcate_optuna_sweeper._space import override_line, parse_search_space
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+
+PARSER = OverridesParser.create()
+
+
+def space(**params: str) -> Any:
+    return parse_search_space(params, [], PARSER)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        # Hydra reads an interval's ends as floats; int(...) makes it integer
+        ("interval(-5, 5)", FloatDistribution(-5.0, 5.0)),
+        ("tag(log, interval(1e-5, 1.0))", FloatDistribution(1e-5, 1.0, log=True)),
+        ("int(interval(1, 8))", IntDistribution(1, 8)),
+        ("tag(log, int(interval(1, 64)))", IntDistribution(1, 64, log=True)),
+        # Hydra's range leaves out its stop: the last value it lists is Optuna's high
+        ("range(1, 10)", IntDistribution(1, 9)),
+        ("range(0, 10, step=2)", IntDistribution(0, 8, step=2)),
+        ("range(10, 0, step=-2)", IntDistribution(2, 10, step=2)),
+        ("range(-5.5, 5.5, step=0.5)", FloatDistribution(-5.5, 5.0, step=0.5)),
+        ("choice(Adam, SGD)", CategoricalDistribution(["Adam", "SGD"])),
+        ("32,64", CategoricalDistribution([32, 64])),
+        ("choice(-5, 0, 5)", CategoricalDistribution([-5, 0, 5])),
+    ],
+)
+def test_distributions(value: str, expected: Any) -> None:
+    assert space(x=value).distributions == {"x": expected}
+
+
+def test_fixed_values_pass_through_and_the_command_line_wins() -> None:
+    result = parse_search_space(
+        {"x": "interval(0, 1.0)", "epochs": "10", "lr": "choice(0.1, 0.2)"},
+        ["lr=tag(log, interval(1e-4, 1e-1))", "seed=3"],
+        PARSER,
+    )
+    assert result.fixed == ("epochs=10", "seed=3")
+    assert list(result.distributions) == ["x", "lr"]
+    assert result.distributions["lr"] == FloatDistribution(1e-4, 1e-1, log=True)
+    assert result.overrides({"x": 0.25, "lr": 0.01}) == ["epochs=10", "seed=3", "x=0.25", "lr=0.01"]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("interval(5, 1)", "needs its low end below its high end"),
+        ("tag(log, interval(0, 1.0))", "its low end must be above 0"),
+        ("interval(0,", "is not a valid search space"),
+    ],
+)
+def test_bad_search_spaces_name_the_key_and_the_fix(value: str, message: str) -> None:
+    with pytest.raises(SweeperOptionError) as error:
+        space(x=value)
+    assert error.value.key == "hydra.sweeper.params.x"
+    assert message in str(error.value) and "Fix:" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "value", ["Adam", "a b", "1", "true", "it's", "path/to:x", 1, -3, 0.001, 1e-7, True, None]
+)
+def test_override_lines_read_back_as_the_same_value(value: Any) -> None:
+    (override,) = PARSER.parse_overrides([override_line("key", value)])
+    assert override.value() == value
+    assert type(override.value()) is type(value)
