@@ -37,6 +37,7 @@ from furcate_hydra.lightning.plots import (
     plot_history,
     split_metric_name,
 )
+from furcate_hydra.lightning.pruning import OptunaPruning
 
 __all__ = [
     "CHECKPOINT_ARTIFACT_DIR",
@@ -55,6 +56,7 @@ __all__ = [
     "FitResult",
     "JobEnv",
     "MetricsHistory",
+    "OptunaPruning",
     "Row",
     "RunBoundMLFlowLogger",
     "final_checkpoint",

@@ -1,0 +1,283 @@
+"""``OptunaPruning``: report a job's monitored metric to its Optuna trial and stop when pruned.
+
+sweeper (parent): study.ask() ──► env: storage URL, study name, trial number, monitor, pruner
+job: each validation ──► trial.report(value, epoch) ──► pruner.prune? ──► trainer.should_stop
+job returns normally ──► the sweeper reads ``PRUNED_AT_EPOCH_ATTR`` and tells the trial PRUNED
+
+The trial is named by its **number**, not its storage id: ``Trial.number`` is public in the
+parent (the id is private) and is what Optuna's logs and dashboard show; the job maps it to the
+id through the storage. The **pruner** is not kept in the storage, so the job rebuilds it: from
+the constructor's ``pruner`` argument, or in ``from_environ`` from ``FURCATE_OPTUNA_PRUNER``, a
+JSON object ``{"name": "median", "n_startup_trials": 5, ...}`` (see :func:`pruner_from_spec`);
+unset means Optuna's default, ``MedianPruner()``.
+
+Pruning never raises ``optuna.TrialPruned`` inside Lightning: that would fail ``fit`` and lose
+the final checkpoint and the MLflow artifacts. Only rank zero talks to the storage, once per
+validation; it opens the storage lazily, once per job, with a busy timeout for sqlite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import optuna
+import pytorch_lightning as pl
+import sqlalchemy.exc
+from optuna.pruners import BasePruner
+
+from furcate_hydra.errors import FurcateConfigError
+
+__all__ = [
+    "MONITOR_VAR",
+    "PRUNED_AT_EPOCH_ATTR",
+    "PRUNER_VAR",
+    "STORAGE_VAR",
+    "STUDY_VAR",
+    "TRIAL_NUMBER_VAR",
+    "OptunaPruning",
+    "pruner_from_spec",
+]
+
+# set by the Optuna sweeper in each trial's job; all four or none
+STORAGE_VAR = "FURCATE_OPTUNA_STORAGE"
+STUDY_VAR = "FURCATE_OPTUNA_STUDY"
+TRIAL_NUMBER_VAR = "FURCATE_OPTUNA_TRIAL_NUMBER"
+MONITOR_VAR = "FURCATE_OPTUNA_MONITOR"
+# optional: JSON pruner spec, since the storage does not keep the study's pruner
+PRUNER_VAR = "FURCATE_OPTUNA_PRUNER"
+# trial system attribute the job sets when pruned; the sweeper then tells the trial PRUNED
+PRUNED_AT_EPOCH_ATTR = "furcate:pruned_at_epoch"
+
+SQLITE_BUSY_TIMEOUT_S = 30
+_LOCKED_RETRIES = 5
+
+_PRUNERS: dict[str, Callable[..., BasePruner]] = {
+    "median": optuna.pruners.MedianPruner,
+    "percentile": optuna.pruners.PercentilePruner,
+    "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+    "hyperband": optuna.pruners.HyperbandPruner,
+    "threshold": optuna.pruners.ThresholdPruner,
+    "patient": optuna.pruners.PatientPruner,
+    "nop": optuna.pruners.NopPruner,
+}
+
+T = TypeVar("T")
+
+
+def pruner_from_spec(spec: str | Mapping[str, Any]) -> BasePruner:
+    """Build a pruner from ``{"name": ..., **constructor_kwargs}`` (a dict or its JSON).
+
+    ``patient`` takes its ``wrapped_pruner`` as a nested spec.
+
+    Raises:
+        FurcateConfigError: Not JSON, an unknown name, or arguments the pruner rejects.
+    """
+    try:
+        data = dict(json.loads(spec) if isinstance(spec, str) else spec)
+    except (ValueError, TypeError) as e:
+        raise FurcateConfigError(
+            PRUNER_VAR, spec, f"not a JSON object ({e})", 'set e.g. {"name": "median"}'
+        ) from e
+    name = data.pop("name", None)
+    if name not in _PRUNERS:
+        raise FurcateConfigError(
+            PRUNER_VAR,
+            spec,
+            f"unknown pruner {name!r}; known: {sorted(_PRUNERS)}",
+            'set "name" to one of those',
+        )
+    if name == "patient" and data.get("wrapped_pruner") is not None:
+        data["wrapped_pruner"] = pruner_from_spec(data["wrapped_pruner"])
+    try:
+        return _PRUNERS[name](**data)
+    except (TypeError, ValueError) as e:
+        raise FurcateConfigError(
+            PRUNER_VAR,
+            spec,
+            f"{name} rejects these arguments: {e}",
+            f"pass only arguments of optuna.pruners for {name!r}",
+        ) from e
+
+
+class OptunaPruning(pl.Callback):
+    """Report ``monitor`` after each validation to a RUNNING trial; stop training when pruned.
+
+    Args:
+        storage: Optuna RDB storage URL, e.g. ``sqlite:///optuna.db``.
+        study_name: The study the trial belongs to.
+        trial_number: ``Trial.number`` of the RUNNING trial the sweeper asked for this job.
+        monitor: Key in ``trainer.callback_metrics`` to report, e.g. ``val_loss``.
+        pruner: The study's pruner; Optuna's default ``MedianPruner()`` when None.
+
+    Several jobs may report to one sqlite file at once: each opens one connection pool, waits
+    up to ``SQLITE_BUSY_TIMEOUT_S`` for the lock, and retries a write that sqlite refused at
+    once ("database is locked" on a lock upgrade, which the timeout does not cover). Pruning is
+    single-objective in Optuna: with several directions the callback warns once and does
+    nothing.
+
+    Attributes:
+        reported: Epoch -> value this job reported.
+        pruned_at_epoch: The epoch whose value got the trial pruned, or None.
+    """
+
+    def __init__(
+        self,
+        storage: str,
+        study_name: str,
+        trial_number: int,
+        monitor: str,
+        pruner: BasePruner | None = None,
+    ) -> None:
+        self.storage = storage
+        self.study_name = study_name
+        self.trial_number = trial_number
+        self.monitor = monitor
+        self.pruner = pruner if pruner is not None else optuna.pruners.MedianPruner()
+        self.reported: dict[int, float] = {}
+        self.pruned_at_epoch: int | None = None
+        self._trial: optuna.Trial | None = None
+        self._trial_id = -1
+        self._storage: optuna.storages.RDBStorage | None = None
+        self._multi_objective = False
+
+    @property
+    def pruned(self) -> bool:
+        """True once the pruner asked this trial to stop."""
+        return self.pruned_at_epoch is not None
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> OptunaPruning | None:
+        """The callback the Optuna sweeper asked for, or None for a job it did not launch.
+
+        Raises:
+            FurcateConfigError: Only some of the variables are set, or one is malformed.
+        """
+        source = os.environ if env is None else env
+        names = (STORAGE_VAR, STUDY_VAR, TRIAL_NUMBER_VAR, MONITOR_VAR)
+        values = {name: source.get(name) or None for name in names}
+        missing = [name for name, value in values.items() if value is None]
+        if len(missing) == len(names):
+            return None
+        if missing:
+            raise FurcateConfigError(
+                missing[0],
+                None,
+                f"the Optuna sweeper sets all of {list(names)}; {missing} unset",
+                "set all of them, or none to run without pruning",
+            )
+        number = str(values[TRIAL_NUMBER_VAR])
+        try:
+            trial_number = int(number)
+        except ValueError:
+            trial_number = -1
+        if trial_number < 0:
+            raise FurcateConfigError(
+                TRIAL_NUMBER_VAR,
+                number,
+                "must be a trial number (an integer >= 0)",
+                "set it to the asked trial's Trial.number",
+            )
+        spec = source.get(PRUNER_VAR) or None
+        return cls(
+            storage=str(values[STORAGE_VAR]),
+            study_name=str(values[STUDY_VAR]),
+            trial_number=trial_number,
+            monitor=str(values[MONITOR_VAR]),
+            pruner=pruner_from_spec(spec) if spec is not None else None,
+        )
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        prune = False
+        if trainer.is_global_zero:
+            prune = self.report(self._metric(trainer), trainer.current_epoch)
+        # every rank must stop together, or the others wait forever in their next collective
+        if trainer.strategy.broadcast(prune, src=0):
+            trainer.should_stop = True
+
+    def report(self, value: float, epoch: int) -> bool:
+        """Report ``value`` for ``epoch``; True (and recorded) when the pruner says stop."""
+        trial = self._open()
+        if trial is None:
+            return False
+        self.reported[epoch] = float(value)
+        _retry_locked(lambda: trial.report(value, step=epoch))
+        if not _retry_locked(trial.should_prune):
+            return False
+        if self.pruned_at_epoch is None and self._storage is not None:
+            self.pruned_at_epoch = epoch
+            storage = self._storage
+            _retry_locked(
+                lambda: storage.set_trial_system_attr(self._trial_id, PRUNED_AT_EPOCH_ATTR, epoch)
+            )
+        return True
+
+    def _metric(self, trainer: pl.Trainer) -> float:
+        metrics = trainer.callback_metrics
+        if self.monitor not in metrics:
+            raise FurcateConfigError(
+                MONITOR_VAR,
+                self.monitor,
+                f"not in trainer.callback_metrics after validation; available: {sorted(metrics)}",
+                f"log {self.monitor!r} with self.log() in validation, or monitor one of those",
+            )
+        return float(metrics[self.monitor])
+
+    def _open(self) -> optuna.Trial | None:
+        if self._trial is not None or self._multi_objective:
+            return self._trial
+        storage = _retry_locked(lambda: _rdb_storage(self.storage))
+        study = _retry_locked(
+            lambda: optuna.load_study(
+                study_name=self.study_name,
+                storage=storage,
+                # the job samples nothing; a cheap sampler avoids per-trial sampler work
+                sampler=optuna.samplers.RandomSampler(),
+                pruner=self.pruner,
+            )
+        )
+        if len(study.directions) > 1:
+            self._multi_objective = True
+            warnings.warn(
+                f"Study {self.study_name!r} has {len(study.directions)} objectives and Optuna "
+                f"prunes single-objective studies only: {self.monitor!r} is not reported and "
+                "the trial is never pruned.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return None
+        study_id = _retry_locked(lambda: storage.get_study_id_from_name(self.study_name))
+        self._trial_id = _retry_locked(
+            lambda: storage.get_trial_id_from_study_id_trial_number(study_id, self.trial_number)
+        )
+        self._storage = storage
+        self._trial = _retry_locked(lambda: optuna.Trial(study, self._trial_id))
+        return self._trial
+
+
+def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    # the sweeper created the study, so the tables exist: no DDL from every job
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_table_creation=True)
+
+
+def _retry_locked(call: Callable[[], T]) -> T:
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError) as e:
+            attempt += 1
+            if "database is locked" not in f"{e} {e.__cause__}" or attempt >= _LOCKED_RETRIES:
+                raise
+            # jittered, so that jobs refused together do not retry together
+            time.sleep(0.05 * 2**attempt * (1 + random.random()))
