@@ -27,9 +27,8 @@ from hydra.core.override_parser.types import (
     RangeSweep,
     Transformer,
 )
-from hydra.errors import HydraException
 
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, first_line
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, parse_sweep_overrides
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -57,26 +56,18 @@ def parse_search_space(
     params: Mapping[str, str], arguments: Sequence[str], parser: OverridesParser
 ) -> SearchSpace:
     """``hydra.sweeper.params`` first, then the command line, which wins for a key in both."""
-    parsed: dict[str, tuple[str, Override]] = {}
-    for key, value in params.items():
-        line = f"{key}={value}"
-        try:
-            (override,) = parser.parse_overrides([line])
-        except HydraException as exc:
-            raise SweeperOptionError(
-                f"hydra.sweeper.params.{key}",
-                value,
-                f"is not a valid search space ({first_line(exc)})",
-                "use interval(0.1, 1), tag(log, interval(1e-5, 1)), int(interval(1, 8)), "
-                "range(1, 10), choice(a, b) or a fixed value",
-            ) from None
-        parsed[override.get_key_element()] = (f"hydra.sweeper.params.{key}", override)
-    for override in parser.parse_overrides(list(arguments)):
-        parsed[override.get_key_element()] = (override.get_key_element(), override)
-
+    parsed = parse_sweep_overrides(
+        params.items(),
+        arguments,
+        parser,
+        "is not a valid search space",
+        "use interval(0.1, 1), tag(log, interval(1e-5, 1)), int(interval(1, 8)), "
+        "range(1, 10), choice(a, b) or a fixed value",
+    )
     distributions: dict[str, BaseDistribution] = {}
     fixed: list[str] = []
-    for key, (source, override) in parsed.items():
+    winners = {override.get_key_element(): (source, override) for source, override in parsed}
+    for key, (source, override) in winners.items():
         if override.is_sweep_override():
             distributions[key] = _distribution(source, override)
         else:

@@ -8,7 +8,7 @@ written, the product taken with the last axis varying fastest.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,14 @@ from omegaconf.errors import OmegaConfBaseException
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.exclusion import ExclusionRule, parse_exclusions
 
-__all__ = ["COMPOSE_ERRORS", "SweepSpec", "SweeperOptionError", "expand_grid", "first_line"]
+__all__ = [
+    "COMPOSE_ERRORS",
+    "SweepSpec",
+    "SweeperOptionError",
+    "expand_grid",
+    "first_line",
+    "parse_sweep_overrides",
+]
 
 # What Hydra raises for config files it cannot compose (bad YAML, a missing group option, a
 # value of the wrong type): an edit mid-sweep can cause any of them.
@@ -60,26 +67,40 @@ class SweepSpec:
         return cls(lines, tuple(rules))
 
 
-def expand_grid(
-    spec: SweepSpec, arguments: Sequence[str], parser: OverridesParser
-) -> list[list[str]]:
-    """Every job's overrides, in grid order."""
+def parse_sweep_overrides(
+    params: Iterable[tuple[str, str]],
+    arguments: Sequence[str],
+    parser: OverridesParser,
+    problem: str,
+    fix: str,
+) -> list[tuple[str, Override]]:
+    """(where it was set, override) pairs: ``params`` first, then the command line. Callers
+    check each and let the later win for a key set in both (in the key's first position)."""
     parsed: list[tuple[str, Override]] = []
-    for key, value in spec.params:
-        line = f"{key}={value}"
+    for key, value in params:
         try:
-            (override,) = parser.parse_overrides([line])
+            (override,) = parser.parse_overrides([f"{key}={value}"])
         except HydraException as exc:
             raise SweeperOptionError(
-                f"hydra.sweeper.params.{key}",
-                value,
-                f"is not a valid Hydra override value ({first_line(exc)})",
-                "use Hydra's sweep syntax: 1,2,3 or choice(a,b) or range(1,10) or glob(*)",
+                f"hydra.sweeper.params.{key}", value, f"{problem} ({first_line(exc)})", fix
             ) from None
         parsed.append((f"hydra.sweeper.params.{key}", override))
     for override in parser.parse_overrides(list(arguments)):
         parsed.append((override.get_key_element(), override))
+    return parsed
 
+
+def expand_grid(
+    spec: SweepSpec, arguments: Sequence[str], parser: OverridesParser
+) -> list[list[str]]:
+    """Every job's overrides, in grid order."""
+    parsed = parse_sweep_overrides(
+        spec.params,
+        arguments,
+        parser,
+        "is not a valid Hydra override value",
+        "use Hydra's sweep syntax: 1,2,3 or choice(a,b) or range(1,10) or glob(*)",
+    )
     axes: dict[str, list[str]] = {}
     for source, override in parsed:
         key = override.get_key_element()
