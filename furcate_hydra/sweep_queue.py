@@ -56,7 +56,8 @@ class SweepQueue:
         """Undo ``take`` for configs that could not be started; they wait first again."""
         back = [tuple(c) for c in configs]
         self._taken.difference_update(back)
-        self._waiting = back + [c for c in self._waiting if c not in set(back)]
+        returned = set(back)
+        self._waiting = back + [c for c in self._waiting if c not in returned]
 
     def replace_grid(self, grid: Iterable[Sequence[str]]) -> GridChange:
         """Wait for the new grid's configs not yet taken, in the new grid's order."""

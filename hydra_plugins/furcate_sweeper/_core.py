@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
@@ -46,7 +47,7 @@ class StreamingLauncher(Protocol):
 
     slot_count: int
 
-    def streaming(self) -> Any: ...
+    def streaming(self) -> AbstractContextManager[None]: ...
 
     def submit_batch(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[str]: ...
 
@@ -219,7 +220,7 @@ def run_grid_sweep(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(config, sweep_dir / "multirun.yaml")
     if _can_stream(launcher):
-        _stream(sweep, launcher)
+        _stream(sweep, cast(StreamingLauncher, launcher))
     else:
         _batches(sweep, launcher, options.max_batch_size)
     returns = sweep.ordered_returns()
@@ -234,7 +235,7 @@ def _can_stream(launcher: Launcher) -> bool:
     )
 
 
-def _stream(sweep: GridSweep, launcher: Any) -> None:
+def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
     """Keep every slot busy: a slot's next job is submitted as soon as its job ends."""
     if not len(sweep.queue):
         return  # nothing to run: no pool to start
