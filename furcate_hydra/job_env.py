@@ -9,7 +9,13 @@ from __future__ import annotations
 __all__ = [
     "CHECKPOINT_DIR",
     "EXPERIMENT_ID",
+    "OPTUNA_MONITOR",
+    "OPTUNA_PRUNER",
+    "OPTUNA_STORAGE",
+    "OPTUNA_STUDY",
+    "OPTUNA_TRIAL_NUMBER",
     "OUTPUT_DIR",
+    "PRUNED_AT_EPOCH_ATTR",
     "RUN_ID",
     "TRACKING_URI",
 ]
@@ -20,3 +26,14 @@ EXPERIMENT_ID = "MLFLOW_EXPERIMENT_ID"
 OUTPUT_DIR = "FURCATE_OUTPUT_DIR"
 # Stays the same when an interrupted run is launched again, so the job finds its checkpoints.
 CHECKPOINT_DIR = "FURCATE_CHECKPOINT_DIR"
+
+# Set by the Optuna sweeper in each trial's job (all four or none): the job reports its
+# monitored metric each epoch to trial TRIAL_NUMBER of STUDY in STORAGE.
+OPTUNA_STORAGE = "FURCATE_OPTUNA_STORAGE"
+OPTUNA_STUDY = "FURCATE_OPTUNA_STUDY"
+OPTUNA_TRIAL_NUMBER = "FURCATE_OPTUNA_TRIAL_NUMBER"
+OPTUNA_MONITOR = "FURCATE_OPTUNA_MONITOR"
+# optional: the study's pruner as JSON ({"name": "median", ...}); the storage does not keep it
+OPTUNA_PRUNER = "FURCATE_OPTUNA_PRUNER"
+# trial system attribute the job sets when pruned; the sweeper then tells the trial PRUNED
+PRUNED_AT_EPOCH_ATTR = "furcate:pruned_at_epoch"

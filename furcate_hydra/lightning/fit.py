@@ -28,6 +28,7 @@ from furcate_hydra.lightning.history import MetricsHistory, scalar_metrics
 from furcate_hydra.lightning.job_env import JobEnv
 from furcate_hydra.lightning.logger import RunBoundMLFlowLogger
 from furcate_hydra.lightning.plots import PLOTS_DIR, plot_history
+from furcate_hydra.lightning.pruning import OptunaPruning
 
 __all__ = ["CHECKPOINT_ARTIFACT_DIR", "FINAL_CHECKPOINT_NAME", "FitResult", "fit"]
 
@@ -71,10 +72,12 @@ def fit(
     """Train ``model``, resuming from the run's last verified checkpoint if there is one.
 
     The trainer gets :class:`MetricsHistory` and :class:`AtomicCheckpoint` ahead of the callbacks
-    in ``trainer_options``, and a :class:`RunBoundMLFlowLogger` when ``env.recording``. The final
-    checkpoint is hard-linked (copied where links fail) into the output dir as ``final.ckpt``, so
-    it costs no space and outlives pruning. When recording, ``history.json``, ``plots/*.png`` and
-    ``checkpoints/final.ckpt`` become artifacts of the run; the run's status is left alone.
+    in ``trainer_options``, :class:`OptunaPruning` when the Optuna sweeper launched this job as a
+    trial with a monitored metric, and a :class:`RunBoundMLFlowLogger` when ``env.recording``.
+    The final checkpoint is hard-linked (copied where links fail) into the output dir as
+    ``final.ckpt``, so it costs no space and outlives pruning. When recording, ``history.json``,
+    ``plots/*.png`` and ``checkpoints/final.ckpt`` become artifacts of the run;
+    the run's status is left alone.
 
     Args:
         model: The module to train.
@@ -97,6 +100,9 @@ def fit(
     user_callbacks = options.pop("callbacks")
     history = MetricsHistory(env.output_dir)
     checkpoint = AtomicCheckpoint(env.checkpoint_dir)
+    pruning = OptunaPruning.from_environ()
+    if pruning is not None:
+        user_callbacks.append(pruning)
     logger: Logger | bool = RunBoundMLFlowLogger.from_env(env) if env.recording else False
     trainer = pl.Trainer(
         **options,

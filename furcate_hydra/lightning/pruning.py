@@ -18,7 +18,6 @@ validation; it opens the storage lazily, once per job, with a busy timeout for s
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -31,7 +30,9 @@ import pytorch_lightning as pl
 import sqlalchemy.exc
 from optuna.pruners import BasePruner
 
+from furcate_hydra import job_env
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.pruners import pruner_from_spec
 
 __all__ = [
     "MONITOR_VAR",
@@ -44,65 +45,18 @@ __all__ = [
     "pruner_from_spec",
 ]
 
-# set by the Optuna sweeper in each trial's job; all four or none
-STORAGE_VAR = "FURCATE_OPTUNA_STORAGE"
-STUDY_VAR = "FURCATE_OPTUNA_STUDY"
-TRIAL_NUMBER_VAR = "FURCATE_OPTUNA_TRIAL_NUMBER"
-MONITOR_VAR = "FURCATE_OPTUNA_MONITOR"
-# optional: JSON pruner spec, since the storage does not keep the study's pruner
-PRUNER_VAR = "FURCATE_OPTUNA_PRUNER"
-# trial system attribute the job sets when pruned; the sweeper then tells the trial PRUNED
-PRUNED_AT_EPOCH_ATTR = "furcate:pruned_at_epoch"
+# one spelling, shared with the sweeper that sets them
+STORAGE_VAR = job_env.OPTUNA_STORAGE
+STUDY_VAR = job_env.OPTUNA_STUDY
+TRIAL_NUMBER_VAR = job_env.OPTUNA_TRIAL_NUMBER
+MONITOR_VAR = job_env.OPTUNA_MONITOR
+PRUNER_VAR = job_env.OPTUNA_PRUNER
+PRUNED_AT_EPOCH_ATTR = job_env.PRUNED_AT_EPOCH_ATTR
 
 SQLITE_BUSY_TIMEOUT_S = 30
 _LOCKED_RETRIES = 5
 
-_PRUNERS: dict[str, Callable[..., BasePruner]] = {
-    "median": optuna.pruners.MedianPruner,
-    "percentile": optuna.pruners.PercentilePruner,
-    "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-    "hyperband": optuna.pruners.HyperbandPruner,
-    "threshold": optuna.pruners.ThresholdPruner,
-    "patient": optuna.pruners.PatientPruner,
-    "nop": optuna.pruners.NopPruner,
-}
-
 T = TypeVar("T")
-
-
-def pruner_from_spec(spec: str | Mapping[str, Any]) -> BasePruner:
-    """Build a pruner from ``{"name": ..., **constructor_kwargs}`` (a dict or its JSON).
-
-    ``patient`` takes its ``wrapped_pruner`` as a nested spec.
-
-    Raises:
-        FurcateConfigError: Not JSON, an unknown name, or arguments the pruner rejects.
-    """
-    try:
-        data = dict(json.loads(spec) if isinstance(spec, str) else spec)
-    except (ValueError, TypeError) as e:
-        raise FurcateConfigError(
-            PRUNER_VAR, spec, f"not a JSON object ({e})", 'set e.g. {"name": "median"}'
-        ) from e
-    name = data.pop("name", None)
-    if name not in _PRUNERS:
-        raise FurcateConfigError(
-            PRUNER_VAR,
-            spec,
-            f"unknown pruner {name!r}; known: {sorted(_PRUNERS)}",
-            'set "name" to one of those',
-        )
-    if name == "patient" and data.get("wrapped_pruner") is not None:
-        data["wrapped_pruner"] = pruner_from_spec(data["wrapped_pruner"])
-    try:
-        return _PRUNERS[name](**data)
-    except (TypeError, ValueError) as e:
-        raise FurcateConfigError(
-            PRUNER_VAR,
-            spec,
-            f"{name} rejects these arguments: {e}",
-            f"pass only arguments of optuna.pruners for {name!r}",
-        ) from e
 
 
 class OptunaPruning(pl.Callback):
@@ -226,7 +180,8 @@ class OptunaPruning(pl.Callback):
                 MONITOR_VAR,
                 self.monitor,
                 f"not in trainer.callback_metrics after validation; available: {sorted(metrics)}",
-                f"log {self.monitor!r} with self.log() in validation, or monitor one of those",
+                f"log {self.monitor!r} with self.log() in validation, or set "
+                "hydra.sweeper.monitor to one of those",
             )
         return float(metrics[self.monitor])
 

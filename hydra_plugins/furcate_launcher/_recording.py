@@ -239,6 +239,21 @@ class JobRecorder:
             )
             self._metrics_pending.add(item.run_id)
 
+    def job_run(self, key: str) -> tuple[str | None, bool]:
+        """A submitted job's MLflow run (None when not recording) and whether the job was
+        skipped, its return read from that recorded run."""
+        row = self._rows.get(key)
+        return (row.run_id, row.skipped) if row is not None else (None, False)
+
+    @property
+    def tracking_uri(self) -> str | None:
+        return self.store.tracking_uri if self.store is not None else None
+
+    @property
+    def sweep_run_id(self) -> str | None:
+        """The sweep's parent run, once the first job was submitted (None when not recording)."""
+        return self.store.sweep_run_id if self.store is not None else None
+
     def summary(self, prepared: Sequence[PreparedJob]) -> str | None:
         skipped = sum(1 for p in prepared if p.skipped is not None)
         if not skipped:

@@ -71,6 +71,21 @@ class FurcateLauncher(Launcher):
         with streaming(self.session()):
             yield
 
+    def job_run(self, key: str) -> tuple[str | None, bool]:
+        """The MLflow run of a submitted job (None when not recording), and whether the job was
+        skipped because that run had already FINISHED it."""
+        return self.session().recorder.job_run(key)
+
+    @property
+    def tracking_uri(self) -> str | None:
+        """Where jobs are recorded, or None when MLflow recording is off."""
+        return self.session().recorder.tracking_uri
+
+    @property
+    def sweep_run_id(self) -> str | None:
+        """The MLflow run of the sweep, parent of every job's run (once a job was submitted)."""
+        return self.session().recorder.sweep_run_id
+
     def config_files_changed(self) -> None:
         """Compose jobs submitted from now on from the config files as they are now."""
         if self._session is not None:

@@ -33,7 +33,7 @@ from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, parse_sweep_
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
-__all__ = ["SearchSpace", "override_line", "parse_search_space"]
+__all__ = ["SearchSpace", "grid_values", "override_line", "parse_search_space"]
 
 # Strings that read back as themselves in a Hydra override without quotes.
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]*")
@@ -70,9 +70,33 @@ def parse_search_space(
     for key, (source, override) in winners.items():
         if override.is_sweep_override():
             distributions[key] = _distribution(source, override)
+        elif override.is_delete():
+            fixed.append(override.input_line or key)
         else:
             fixed.append(f"{key}={override.get_value_element_as_str()}")
     return SearchSpace(distributions, tuple(fixed))
+
+
+def grid_values(key: str, distribution: BaseDistribution) -> list[Any]:
+    """Every value of a discrete distribution, for Optuna's GridSampler."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(distribution, CategoricalDistribution):
+        return list(distribution.choices)
+    step = getattr(distribution, "step", None)
+    if isinstance(distribution, IntDistribution) and not distribution.log and step:
+        return list(range(distribution.low, distribution.high + 1, step))
+    if isinstance(distribution, FloatDistribution) and step:
+        count = round((distribution.high - distribution.low) / step) + 1
+        # from the low end each time, so float steps do not add up errors
+        return [round(distribution.low + i * step, 12) for i in range(count)]
+    raise SweeperOptionError(
+        f"hydra.sweeper.params.{key}",
+        repr(distribution),
+        "has no list of values, which the grid sampler needs",
+        "use range(...) or choice(...) for this key, or another sampler (e.g. "
+        "hydra/sweeper/sampler=tpe)",
+    )
 
 
 def override_line(key: str, value: Any) -> str:

@@ -75,11 +75,18 @@ class GridFilter:
         self.composer.forget()
         self._values.clear()
 
-    def apply(self, grid: Sequence[Sequence[str]], rules: Sequence[ExclusionRule]) -> FilteredGrid:
+    def apply(
+        self,
+        grid: Sequence[Sequence[str]],
+        rules: Sequence[ExclusionRule],
+        check_keys: bool = True,
+    ) -> FilteredGrid:
+        """``check_keys=False`` for part of a sweep (a sampled config), where a key missing
+        from these configs may still be in others."""
         keys = list(dict.fromkeys(key for rule in rules for key in rule.keys))
         configs = [tuple(c) for c in grid]
         views = [self._view(config, keys) for config in configs]
-        if unknown := unknown_keys(rules, views):
+        if check_keys and (unknown := unknown_keys(rules, views)):
             index = next(i for i, rule in enumerate(rules) if unknown[0] in rule.keys)
             raise SweeperOptionError(
                 f"hydra.sweeper.exclude[{index}]",

@@ -1,0 +1,441 @@
+"""Run an Optuna study on the launcher's slots: a trial per free slot, told the moment it ends.
+
+open study (shared storage) ──► recover trials of dead sweeps ──► n_trials - counted to run
+furcate launcher:  ask ──► excluded? (FAIL, not counted, ask again) ──► submit on a free slot
+                   wait_any ──► tell (COMPLETE / PRUNED / FAIL) ──► ask the next at once
+other launchers:   ask n_jobs ──► launch() the batch ──► tell all ──► next batch
+each trial's job:  reports its monitored metric per epoch to the trial (OptunaPruning)
+end: optimization_results.yaml + plots in the sweep dir, on the sweep's MLflow run
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, filter_overrides
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import TrialState
+
+from furcate_hydra import job_env
+from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions, default_storage
+from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
+from hydra_plugins.furcate_optuna_sweeper._results import write_results
+from hydra_plugins.furcate_optuna_sweeper._space import (
+    SearchSpace,
+    grid_values,
+    override_line,
+    parse_search_space,
+)
+from hydra_plugins.furcate_optuna_sweeper._study import (
+    Attrs,
+    open_study,
+    recover_trials,
+    sweeper_identity,
+)
+from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialRuns
+from hydra_plugins.furcate_sweeper._core import StreamingLauncher, _can_stream
+from hydra_plugins.furcate_sweeper._filter import GridFilter
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+
+__all__ = ["run_study"]
+
+log = logging.getLogger(__name__)
+
+# Configs composed up front to check exclusion keys: one per choice of each categorical param.
+_MAX_PROBES = 64
+
+
+@dataclass
+class TrialJob:
+    trial: optuna.Trial
+    num: int
+    overrides: list[str]  # what the launcher gets: the task's, then the job's environment
+    label: str
+
+
+class StudySweep:
+    """One sweep's study: asks trials as jobs, tells their returns, counts toward n_trials."""
+
+    def __init__(
+        self,
+        options: OptunaOptions,
+        hydra_context: HydraContext,
+        config: DictConfig,
+        launcher: Launcher,
+        arguments: Sequence[str],
+    ) -> None:
+        self.options = options
+        self.config = config
+        self.launcher = launcher
+        parser = OverridesParser.create(config_loader=hydra_context.config_loader)
+        self.space = parse_search_space(dict(options.params), arguments, parser)
+        self.filter = GridFilter(hydra_context, config) if options.rules else None
+        self._check_exclusion_keys()
+        sampler, n_trials = self._sampler(options.sampler, options.n_trials)
+        self.study_name = options.study_name or str(config.hydra.job.name)
+        self.storage = default_storage(options.storage)
+        self.study = open_study(
+            self.storage, self.study_name, options.directions, sampler, options.pruner_object()
+        )
+        state = recover_trials(self.study)
+        self._reseed(config, sampler)
+        self.to_start = max(0, n_trials - state.counted)
+        self.started = self.told = 0
+        self.failures: list[BaseException] = []
+        self.returns: dict[int, JobReturn] = {}
+        self.next_num = 0
+        self._identity = sweeper_identity()
+        self._runs: TrialRuns | bool | None = False  # False: not looked up yet
+        pruning = (
+            f"pruner {options.pruner['name']} on {options.monitor}"
+            if options.monitor
+            else "no pruning (hydra.sweeper.monitor unset)"
+        )
+        done = f"{state.counted} of {n_trials} trials already in the study"
+        if state.retried:
+            done += f", {state.retried} interrupted ones re-tried"
+        log.info(
+            "furcate_optuna: study %r in %s: %s, %d to run (%s, %s, direction %s)",
+            self.study_name,
+            self.storage,
+            done,
+            self.to_start,
+            type(sampler).__name__,
+            pruning,
+            ", ".join(options.directions),
+        )
+
+    @property
+    def runs(self) -> TrialRuns | None:
+        """The trials' MLflow runs, with the furcate launcher recording; looked up on first use,
+        since asking the launcher starts its pool."""
+        if self._runs is False:
+            tracking = getattr(self.launcher, "tracking_uri", None)
+            self._runs = TrialRuns(tracking, self.study_name) if tracking else None
+        return self._runs if isinstance(self._runs, TrialRuns) else None
+
+    # -- asking ------------------------------------------------------------------------
+
+    def ask(self) -> TrialJob:
+        """The next trial to run, resampled while exclusion rules match what was sampled."""
+        for _ in range(self.options.max_resamples):
+            trial = self.study.ask(fixed_distributions=self.space.distributions)
+            self._set_attr(trial, Attrs.SWEEPER, _json(self._identity))
+            task = self._task_overrides(trial)
+            rule = self._excluded_by(task)
+            if rule is None:
+                self._copy_reports_of_retried(trial)
+                return self._job(trial, task)
+            self._set_attr(trial, Attrs.EXCLUDED, rule)
+            self.study.tell(trial, state=TrialState.FAIL)
+            log.info("furcate_optuna: trial %d excluded by %s, resampling", trial.number, rule)
+        raise SweeperOptionError(
+            "hydra.sweeper.exclude",
+            [str(rule) for rule in self.options.rules],
+            f"matched {self.options.max_resamples} sampled configs in a row: the search space "
+            "left by the exclusions is empty, or too small for the sampler to find",
+            "loosen hydra.sweeper.exclude or widen hydra.sweeper.params; raise "
+            "hydra.sweeper.max_resamples if the space left is small but not empty",
+        )
+
+    def _task_overrides(self, trial: optuna.Trial) -> list[str]:
+        for line in self.space.fixed:
+            key, _, value = line.partition("=")
+            trial.set_user_attr(key, value)
+        extender = self.options.custom_search_space
+        if extender is not None:
+            extender(self.config, trial)
+        fixed_keys = {line.partition("=")[0] for line in self.space.fixed}
+        if overlap := sorted(fixed_keys & set(trial.params)):
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise SweeperOptionError(
+                "hydra.sweeper.custom_search_space",
+                overlap,
+                "suggests params that hydra.sweeper.params fixes",
+                "suggest them only in one place",
+            )
+        params = trial.params
+        ordered = [
+            *self.space.distributions,
+            *(k for k in params if k not in self.space.distributions),
+        ]
+        return [*self.space.fixed, *(override_line(k, params[k]) for k in ordered)]
+
+    def _excluded_by(self, task: list[str]) -> str | None:
+        if self.filter is None:
+            return None
+        result = self.filter.apply([task], self.options.rules, check_keys=False)
+        if result.kept:
+            return None
+        return str(next(iter(result.excluded_by)))
+
+    def _job(self, trial: optuna.Trial, task: list[str]) -> TrialJob:
+        num = self.next_num
+        self.next_num += 1
+        self.started += 1
+        overrides = [*task, *self._env_overrides(trial)]
+        label = " ".join(filter_overrides(task)) or "no overrides"
+        return TrialJob(trial, num, overrides, f"job #{num} (trial {trial.number}: {label})")
+
+    def _env_overrides(self, trial: optuna.Trial) -> list[str]:
+        """Hydra's ``hydra.job.env_set`` takes the job its trial: any launcher passes it on."""
+        if self.options.monitor is None:
+            return []
+        env = {
+            job_env.OPTUNA_STORAGE: self.storage,
+            job_env.OPTUNA_STUDY: self.study_name,
+            job_env.OPTUNA_TRIAL_NUMBER: str(trial.number),
+            job_env.OPTUNA_MONITOR: self.options.monitor,
+            job_env.OPTUNA_PRUNER: self.options.pruner_json(),
+        }
+        return [override_line(f"hydra.job.env_set.{k}", v) for k, v in env.items()]
+
+    def _copy_reports_of_retried(self, trial: optuna.Trial) -> None:
+        """A re-tried trial's job resumes at the epoch its predecessor reached: the pruner
+        must see the epochs reported before the interruption too."""
+        number = trial.user_attrs.get(Attrs.RETRY_OF)
+        if not isinstance(number, int):
+            return
+        storage = self.study._storage
+        old_id = storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+        for step, value in sorted(storage.get_trial(old_id).intermediate_values.items()):
+            trial.report(value, step)
+
+    # -- telling -----------------------------------------------------------------------
+
+    def tell(self, job: TrialJob, job_return: JobReturn, key: str) -> TrialOutcome:
+        trial = job.trial
+        run_id, skipped = (None, False)
+        if hasattr(self.launcher, "job_run"):
+            run_id, skipped = self.launcher.job_run(key)
+        storage = self.study._storage
+        if skipped and run_id is not None and self.runs is not None:
+            recorded = self.runs.recorded(run_id)
+            self._set_attr(trial, Attrs.FROM_RECORD, run_id)
+            for step, value in sorted(recorded.intermediate.items()):
+                trial.report(value, step)
+            pruned = recorded.state == TrialState.PRUNED.name
+            log.info(
+                "furcate_optuna: trial %d told from MLflow run %s (%s)",
+                trial.number,
+                run_id,
+                recorded.state or "FINISHED",
+            )
+        else:
+            attrs = storage.get_trial(trial._trial_id).system_attrs
+            pruned = job_env.PRUNED_AT_EPOCH_ATTR in attrs
+        outcome = read_outcome(job_return, self.options.directions, job.label, pruned)
+        if run_id is not None:
+            trial.set_user_attr(Attrs.MLFLOW_RUN, run_id)
+        if outcome.error is not None:
+            trial.set_user_attr("furcate_error", str(outcome.error).splitlines()[0][:500])
+        values = outcome.values if outcome.state is TrialState.COMPLETE else None
+        try:
+            self.study.tell(trial, values=values, state=outcome.state)
+        except RuntimeError as exc:
+            # GridSampler stops the study once its grid is done, which Optuna refuses outside
+            # optimize(); the trial is told by then.
+            if "Study.stop" not in str(exc):
+                raise
+        self.told += 1
+        self.returns[job.num] = job_return
+        if self.runs is not None and run_id is not None and not skipped:
+            self.runs.annotate(run_id, storage.get_trial(trial._trial_id))
+        if outcome.failed:
+            assert outcome.error is not None
+            self.failures.append(outcome.error)
+            log.warning("furcate_optuna: trial %d failed: %s", trial.number, outcome.error)
+        return outcome
+
+    def interrupted(self, jobs: Sequence[TrialJob], why: str) -> None:
+        """Trials whose jobs were stopped: FAIL, marked for a retry by the next sweep."""
+        for job in jobs:
+            try:
+                self._set_attr(job.trial, Attrs.INTERRUPTED, why)
+                self.study.tell(job.trial, state=TrialState.FAIL, skip_if_finished=True)
+            except Exception as exc:  # still stopping: the next sweep recovers it as dead
+                log.warning("furcate_optuna: trial %d left RUNNING: %s", job.trial.number, exc)
+
+    def too_many_failures(self, concurrency: int) -> bool:
+        """hydra-optuna-sweeper's max_failure_rate, judged per trial: at 0 the first failure
+        stops the sweep; above 0 once a slot-full of trials has been told."""
+        if not self.failures:
+            return False
+        rate = self.options.max_failure_rate
+        if rate == 0:
+            return True
+        return self.told >= concurrency and len(self.failures) / self.told > rate
+
+    # -- setup -------------------------------------------------------------------------
+
+    def _sampler(self, sampler: Any, n_trials: int) -> tuple[Any, int]:
+        if sampler is None:
+            return optuna.samplers.TPESampler(), n_trials
+        if isinstance(sampler, functools.partial):  # GridSampler waits for its grid
+            grid = {k: grid_values(k, d) for k, d in self.space.distributions.items()}
+            size = math.prod(len(v) for v in grid.values())
+            if self.filter is not None:
+                size = len(
+                    self.filter.apply(_grid_configs(self.space, grid), self.options.rules).kept
+                )
+            if size < n_trials:
+                log.info(
+                    "furcate_optuna: the grid has %d configs to run: n_trials is %d", size, size
+                )
+            return sampler(grid), min(n_trials, size)
+        return sampler, n_trials
+
+    def _reseed(self, config: DictConfig, sampler: Any) -> None:
+        """A seeded sampler would repeat the samples of the study's first sweep in every rerun
+        (each MLflow-recorded, so told without running, yet asked again): a rerun seeds it
+        with the seed plus the study's trial count, still reproducible."""
+        seed = OmegaConf.select(config, "hydra.sweeper.sampler.seed")
+        known = len(self.study.get_trials(deepcopy=False))
+        if seed is None or not known or isinstance(sampler, optuna.samplers.GridSampler):
+            return
+        from hydra.utils import instantiate
+
+        self.study.sampler = instantiate(config.hydra.sweeper.sampler, seed=int(seed) + known)
+        log.info("furcate_optuna: sampler seeded with %d + %d trials in the study", seed, known)
+
+    def _check_exclusion_keys(self) -> None:
+        """A rule key in no config is a typo: refuse it before the first trial, as the grid
+        sweeper does. Checked on one config per choice of each categorical param (a group
+        choice decides which keys exist)."""
+        if self.filter is None:
+            return
+        probes = _probe_configs(self.space)
+        self.filter.apply(probes, self.options.rules)
+
+    def _set_attr(self, trial: optuna.Trial, key: str, value: Any) -> None:
+        self.study._storage.set_trial_system_attr(trial._trial_id, key, value)
+
+
+def _probe_configs(space: SearchSpace) -> list[list[str]]:
+    base = {k: _first_value(d) for k, d in space.distributions.items()}
+    probes = [space.overrides(base)]
+    for key, distribution in space.distributions.items():
+        for choice in getattr(distribution, "choices", ())[1:]:
+            if len(probes) >= _MAX_PROBES:
+                return probes
+            probes.append(space.overrides({**base, key: choice}))
+    return probes
+
+
+def _first_value(distribution: Any) -> Any:
+    choices = getattr(distribution, "choices", None)
+    return choices[0] if choices else distribution.low
+
+
+def _grid_configs(space: SearchSpace, grid: dict[str, list[Any]]) -> list[list[str]]:
+    import itertools
+
+    keys = list(grid)
+    return [
+        space.overrides(dict(zip(keys, values, strict=True)))
+        for values in itertools.product(*grid.values())
+    ]
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
+
+
+def run_study(
+    options: OptunaOptions,
+    hydra_context: HydraContext,
+    config: DictConfig,
+    launcher: Launcher,
+    arguments: Sequence[str],
+) -> list[list[JobReturn]]:
+    """Run the trials the study is missing; write and log its results; returns in job order."""
+    sweep = StudySweep(options, hydra_context, config, launcher, arguments)
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    if sweep.to_start:
+        if options.asynchronous and _can_stream(launcher):
+            _stream(sweep, cast(StreamingLauncher, launcher))
+        else:
+            _batches(sweep, launcher)
+    results = write_results(sweep.study, sweep_dir)
+    ran = sweep.started > 0 and _can_stream(launcher)
+    sweep_run = getattr(launcher, "sweep_run_id", None) if ran and sweep.runs is not None else None
+    if results is not None and sweep.runs is not None and sweep_run:
+        sweep.runs.log_results(sweep_run, results.files, results.tags)
+    returns = [sweep.returns[num] for num in sorted(sweep.returns)]
+    if sweep.failures and sweep.too_many_failures(1):
+        log.error(
+            "furcate_optuna: %d of %d trials failed (hydra.sweeper.max_failure_rate=%s)",
+            len(sweep.failures),
+            sweep.told,
+            options.max_failure_rate,
+        )
+        raise sweep.failures[0]
+    return [returns]
+
+
+def _concurrency(sweep: StudySweep, slots: int) -> int:
+    n_jobs = sweep.options.n_jobs
+    return max(1, min(slots, n_jobs) if n_jobs else slots)
+
+
+def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
+    """Every free slot runs a trial; a trial's end is told and the next trial asked at once."""
+    in_flight: dict[str, TrialJob] = {}
+    stopping = False
+    try:
+        with launcher.streaming():
+            concurrency = _concurrency(sweep, int(launcher.slot_count))
+            while in_flight or (sweep.started < sweep.to_start and not stopping):
+                done: list[tuple[str, JobReturn]] = []
+                if len(in_flight) < concurrency and sweep.started < sweep.to_start and not stopping:
+                    job = sweep.ask()
+                    (key,) = launcher.submit_batch([(job.overrides, job.num)])
+                    in_flight[key] = job
+                    done = launcher.wait_any(timeout=0)  # a recorded config comes back at once
+                else:
+                    done = launcher.wait_any()
+                for key, job_return in done:
+                    sweep.tell(in_flight.pop(key), job_return, key)
+                    if not stopping and sweep.too_many_failures(concurrency):
+                        stopping = True
+                        log.error(
+                            "furcate_optuna: too many failed trials (hydra.sweeper."
+                            "max_failure_rate=%s): no new trial starts, %d running go on",
+                            sweep.options.max_failure_rate,
+                            len(in_flight),
+                        )
+    except BaseException as exc:
+        sweep.interrupted(list(in_flight.values()), f"sweep stopped: {type(exc).__name__}")
+        raise
+
+
+def _batches(sweep: StudySweep, launcher: Launcher) -> None:
+    """hydra-optuna-sweeper's loop: ask a batch, launch it, wait for all of it, tell it."""
+    slots = int(getattr(launcher, "slot_count", 1)) if _can_stream(launcher) else 1
+    size = sweep.options.n_jobs or slots
+    while sweep.started < sweep.to_start:
+        jobs = [sweep.ask() for _ in range(min(size, sweep.to_start - sweep.started))]
+        try:
+            results = launcher.launch([job.overrides for job in jobs], jobs[0].num)
+        except BaseException as exc:
+            sweep.interrupted(jobs, f"sweep stopped: {type(exc).__name__}")
+            raise
+        for job, job_return in zip(jobs, results, strict=True):
+            # the furcate launcher keys a job by its number, in launch() as in submit()
+            sweep.tell(job, job_return, str(job.num))
+        if sweep.too_many_failures(len(jobs)):
+            return

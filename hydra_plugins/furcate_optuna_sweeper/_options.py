@@ -1,0 +1,203 @@
+"""``hydra.sweeper`` for furcate_optuna, checked once before anything runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.exclusion import ExclusionRule
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, SweepSpec
+
+__all__ = ["DIRECTIONS", "OptunaOptions", "default_storage", "job_storage_url"]
+
+DIRECTIONS = ("minimize", "maximize")
+DEFAULT_STORAGE = "sqlite:///optuna.db"
+_PRUNERS = ("median", "successive_halving", "hyperband", "none")
+
+
+@dataclass(frozen=True)
+class OptunaOptions:
+    """What the sweeper was asked for; the sampler comes instantiated by Hydra."""
+
+    sampler: Any  # an optuna sampler, or a partial waiting for its grid (GridSampler)
+    params: tuple[tuple[str, str], ...]
+    rules: tuple[ExclusionRule, ...]
+    directions: tuple[str, ...]
+    storage: str
+    study_name: str | None
+    n_trials: int
+    n_jobs: int | None
+    max_failure_rate: float
+    pruner: dict[str, Any]  # {"name": ..., **constructor arguments}
+    monitor: str | None
+    custom_search_space: Callable[[DictConfig, Any], Any] | None
+    max_resamples: int
+    asynchronous: bool
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> OptunaOptions:
+        spec = SweepSpec.parse(options.get("params"), options.get("exclude"))
+        pruner = _plain(options.get("pruner")) or {"name": "none"}
+        if not isinstance(pruner, dict) or pruner.get("name") not in _PRUNERS:
+            raise SweeperOptionError(
+                "hydra.sweeper.pruner",
+                pruner,
+                f"is not a pruner furcate_optuna knows ({', '.join(_PRUNERS)})",
+                "pick one with hydra/sweeper/pruner=median (or successive_halving, hyperband, "
+                "none) and set its arguments as hydra.sweeper.pruner.<arg>=...",
+            )
+        _check_pruner(pruner)
+        monitor = options.get("monitor")
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise SweeperOptionError(
+                "hydra.sweeper.monitor",
+                monitor,
+                "must be the name of a metric the LightningModule logs",
+                "set e.g. hydra.sweeper.monitor=val_loss, or null to report nothing",
+            )
+        return cls(
+            sampler=options.get("sampler"),
+            params=spec.params,
+            rules=spec.rules,
+            directions=_directions(options.get("direction", "minimize")),
+            storage=_storage(options.get("storage")),
+            study_name=_optional_text("hydra.sweeper.study_name", options.get("study_name")),
+            n_trials=_count("hydra.sweeper.n_trials", options.get("n_trials", 20), "20"),
+            n_jobs=None
+            if options.get("n_jobs") is None
+            else _count(
+                "hydra.sweeper.n_jobs", options.get("n_jobs"), "4, or null for a slot each"
+            ),
+            max_failure_rate=_rate(options.get("max_failure_rate", 0.0)),
+            pruner=pruner,
+            monitor=monitor,
+            custom_search_space=_callable(options.get("custom_search_space")),
+            max_resamples=_count(
+                "hydra.sweeper.max_resamples", options.get("max_resamples", 100), "100"
+            ),
+            asynchronous=bool(options.get("asynchronous", True)),
+        )
+
+    def pruner_json(self) -> str:
+        return json.dumps(self.pruner, sort_keys=True)
+
+    def pruner_object(self) -> Any:
+        """The study's pruner, built as each job builds it."""
+        from furcate_hydra.lightning.pruning import pruner_from_spec
+
+        return pruner_from_spec(self.pruner)
+
+
+def default_storage(storage: str) -> str:
+    """The storage URL with a relative sqlite path made absolute: jobs may run elsewhere."""
+    return job_storage_url(storage, Path.cwd())
+
+
+def job_storage_url(storage: str, cwd: Path) -> str:
+    prefix = "sqlite:///"
+    if not storage.startswith(prefix) or storage.startswith(prefix + "/"):
+        return storage
+    path = storage[len(prefix) :]
+    if path in ("", ":memory:"):
+        return storage
+    return prefix + str((cwd / path).resolve())
+
+
+def _directions(value: Any) -> tuple[str, ...]:
+    raw = _plain(value)
+    items = raw if isinstance(raw, list) else [raw]
+    names = [getattr(item, "name", item) for item in items]  # Direction enums, as strings
+    if not names or not all(isinstance(n, str) and n in DIRECTIONS for n in names):
+        raise SweeperOptionError(
+            "hydra.sweeper.direction",
+            raw,
+            "must be minimize or maximize, or a list of them (one per value the task returns)",
+            "set hydra.sweeper.direction=minimize, or direction: [minimize, maximize]",
+        )
+    return tuple(str(n) for n in names)
+
+
+def _storage(value: Any) -> str:
+    if value is None:
+        return DEFAULT_STORAGE
+    if not isinstance(value, str) or "://" not in value:
+        raise SweeperOptionError(
+            "hydra.sweeper.storage",
+            value,
+            "must be an Optuna RDB storage URL (the trials' jobs report to it from their own "
+            "processes, so an in-memory study cannot work)",
+            "set hydra.sweeper.storage=sqlite:///optuna.db (or a postgresql:// or mysql:// URL),"
+            " or null for sqlite:///optuna.db in the working directory",
+        )
+    return value
+
+
+def _count(key: str, value: Any, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SweeperOptionError(key, value, "must be a whole number, 1 or more", f"e.g. {example}")
+    return value
+
+
+def _rate(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise SweeperOptionError(
+            "hydra.sweeper.max_failure_rate",
+            value,
+            "must be a fraction of trials between 0.0 and 1.0",
+            "set hydra.sweeper.max_failure_rate=0.0 (stop at the first failure) or e.g. 0.25",
+        )
+    return float(value)
+
+
+def _optional_text(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SweeperOptionError(key, value, "must be a non-empty name", f"set {key}=my_study")
+    return value
+
+
+def _callable(path: Any) -> Callable[[DictConfig, Any], Any] | None:
+    if path is None:
+        return None
+    from hydra.utils import get_method
+
+    key = "hydra.sweeper.custom_search_space"
+    if not isinstance(path, str) or not path:
+        raise SweeperOptionError(key, path, "must be a dotted path", "e.g. my_module.configure")
+    try:
+        return get_method(path)
+    except Exception as exc:  # ImportError, AttributeError or Hydra's wrapper of them
+        raise SweeperOptionError(
+            key,
+            path,
+            f"does not name a function that can be imported ({str(exc).splitlines()[0]})",
+            "give module.function, where module is importable from the working directory, "
+            "and the function takes (cfg, trial)",
+        ) from None
+
+
+def _check_pruner(spec: dict[str, Any]) -> None:
+    from furcate_hydra.lightning.pruning import pruner_from_spec
+
+    try:
+        pruner_from_spec(spec)
+    except FurcateConfigError as exc:
+        raise SweeperOptionError(
+            "hydra.sweeper.pruner",
+            spec,
+            exc.problem,
+            "set only the arguments optuna.pruners takes for this pruner",
+        ) from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value

@@ -1,0 +1,162 @@
+"""The study in its shared storage: opened or resumed, trials left behind by dead sweeps recovered.
+
+A rerun counts what the study already has toward ``n_trials`` and runs only what is missing:
+
+    COMPLETE, PRUNED, FAIL (the task failed)     count
+    RUNNING, of a sweeper that is still alive      counts (that sweeper tells it)
+    RUNNING, of a sweeper that is gone             → FAIL, marked interrupted, then re-tried
+    FAIL, interrupted (Ctrl-C, SIGTERM, killed)    does not count; re-tried once, same params
+    FAIL, excluded by hydra.sweeper.exclude        does not count
+
+A re-tried trial is enqueued with its params, so the next ``ask`` returns it; its job finds
+the interrupted MLflow run and resumes it from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
+from furcate_hydra.store.records import RunRecord, RunStatus
+
+__all__ = ["Attrs", "StudyState", "open_study", "recover_trials"]
+
+log = logging.getLogger(__name__)
+
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
+class Attrs:
+    """Trial system attributes the sweeper writes (and the job: PRUNED_AT_EPOCH)."""
+
+    SWEEPER = "furcate:sweeper"  # JSON of the asking sweeper's LauncherIdentity tags
+    INTERRUPTED = "furcate:interrupted"  # why a trial was stopped before its job ended
+    RETRIED = "furcate:retried_as"  # set on an interrupted trial once it was enqueued again
+    EXCLUDED = "furcate:excluded"  # the exclusion rule a sampled config matched
+    FROM_RECORD = "furcate:from_mlflow_run"  # told from this recorded run, not run
+    MLFLOW_RUN = "mlflow_run_id"  # user attr: the job's run, shown by optuna-dashboard
+    RETRY_OF = "furcate_retry_of"  # user attr of an enqueued retry: the interrupted number
+
+
+@dataclass(frozen=True)
+class StudyState:
+    """What a study already holds toward ``n_trials``."""
+
+    counted: int
+    running_elsewhere: int
+    retried: int
+    recovered: int
+
+
+def open_study(
+    storage_url: str,
+    study_name: str,
+    directions: Sequence[str],
+    sampler: Any,
+    pruner: Any,
+) -> optuna.Study:
+    """Create the study, or load it with the same name; its directions must not change."""
+    storage = rdb_storage(storage_url)
+    try:
+        existing = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+    except KeyError:
+        existing = None
+    if existing is not None:
+        had = [d.name.lower() for d in existing.directions]
+        if had != list(directions):
+            from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+
+            raise SweeperOptionError(
+                "hydra.sweeper.direction",
+                list(directions),
+                f"differs from the directions study {study_name!r} in {storage_url} was created "
+                f"with ({had})",
+                "keep the study's directions, or start another study with "
+                "hydra.sweeper.study_name=<new name>",
+            )
+    return optuna.create_study(
+        storage=storage,
+        study_name=study_name,
+        directions=[StudyDirection[d.upper()] for d in directions],
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )
+
+
+def rdb_storage(url: str) -> RDBStorage:
+    """An RDB storage that waits for sqlite's lock (trials' jobs write to the same file)."""
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    return RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def sweeper_identity() -> dict[str, str]:
+    return LauncherIdentity.current().tags()
+
+
+def recover_trials(study: optuna.Study) -> StudyState:
+    """Fail the trials of dead sweeps, enqueue interrupted ones again, count the rest."""
+    here = LauncherIdentity.current()
+    storage = study._storage
+    recovered = 0
+    running_elsewhere = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        why = _gone(trial, here)
+        if why is None:
+            running_elsewhere += 1
+            continue
+        storage.set_trial_system_attr(trial._trial_id, Attrs.INTERRUPTED, why)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        recovered += 1
+        log.warning(
+            "furcate: trial %d of study %r was left RUNNING (%s): marked failed, re-tried",
+            trial.number,
+            study.study_name,
+            why,
+        )
+    retried = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        attrs = trial.system_attrs
+        if Attrs.INTERRUPTED not in attrs or Attrs.RETRIED in attrs:
+            continue
+        study.enqueue_trial(dict(trial.params), user_attrs={Attrs.RETRY_OF: trial.number})
+        storage.set_trial_system_attr(trial._trial_id, Attrs.RETRIED, "enqueued")
+        retried += 1
+    counted = sum(1 for t in study.get_trials(deepcopy=False) if counts(t))
+    return StudyState(counted, running_elsewhere, retried, recovered)
+
+
+def counts(trial: FrozenTrial) -> bool:
+    """Does this trial count toward n_trials (see the module docstring)?"""
+    if trial.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING):
+        return True
+    if trial.state is TrialState.FAIL:
+        attrs = trial.system_attrs
+        return Attrs.INTERRUPTED not in attrs and Attrs.EXCLUDED not in attrs
+    return False  # WAITING: enqueued, counted once asked
+
+
+def _gone(trial: FrozenTrial, here: LauncherIdentity) -> str | None:
+    text = trial.system_attrs.get(Attrs.SWEEPER)
+    if not isinstance(text, str):
+        return None  # not asked by a furcate sweeper: whoever asked it tells it
+    try:
+        tags = dict(json.loads(text))
+    except ValueError:
+        return None
+    record = RunRecord("", "", RunStatus.RUNNING, 0, tags)
+    # No heartbeat in the study: a sweep on another machine is judged alive. Its trials are
+    # recovered from that machine, or by hand (optuna's storage API), if it died.
+    return launcher_gone(record, here, heartbeat=time.time(), now=time.time(), stale_after_s=1e9)
