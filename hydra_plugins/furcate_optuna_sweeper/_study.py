@@ -41,11 +41,12 @@ class Attrs:
 
     SWEEPER = "furcate:sweeper"  # JSON of the asking sweeper's LauncherIdentity tags
     INTERRUPTED = "furcate:interrupted"  # why a trial was stopped before its job ended
-    RETRIED = "furcate:retried_as"  # set on an interrupted trial once it was enqueued again
     EXCLUDED = "furcate:excluded"  # the exclusion rule a sampled config matched
     FROM_RECORD = "furcate:from_mlflow_run"  # told from this recorded run, not run
     MLFLOW_RUN = "mlflow_run_id"  # user attr: the job's run, shown by optuna-dashboard
-    RETRY_OF = "furcate_retry_of"  # user attr of an enqueued retry: the interrupted number
+    # user attr of an enqueued retry: the interrupted trial's number (a finished trial cannot
+    # be marked, so this is how a rerun knows the trial was re-tried already)
+    RETRY_OF = "furcate_retry_of"
 
 
 @dataclass(frozen=True)
@@ -126,13 +127,15 @@ def recover_trials(study: optuna.Study) -> StudyState:
             study.study_name,
             why,
         )
+    trials = study.get_trials(deepcopy=False)
+    done = {t.user_attrs.get(Attrs.RETRY_OF) for t in trials}
     retried = 0
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        attrs = trial.system_attrs
-        if Attrs.INTERRUPTED not in attrs or Attrs.RETRIED in attrs:
+    for trial in trials:
+        if trial.state is not TrialState.FAIL or Attrs.INTERRUPTED not in trial.system_attrs:
+            continue
+        if trial.number in done:
             continue
         study.enqueue_trial(dict(trial.params), user_attrs={Attrs.RETRY_OF: trial.number})
-        storage.set_trial_system_attr(trial._trial_id, Attrs.RETRIED, "enqueued")
         retried += 1
     counted = sum(1 for t in study.get_trials(deepcopy=False) if counts(t))
     return StudyState(counted, running_elsewhere, retried, recovered)
