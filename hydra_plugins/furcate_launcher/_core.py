@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, configure_log
 from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -162,7 +162,7 @@ class LaunchSession:
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = job_num
             sweep_config.hydra.job.num = job_num
-        label = " ".join(filter_overrides(overrides))
+        label = " ".join(task_overrides(overrides))
         with as_job(sweep_config):
             output_dir = _output_dir(sweep_config)
             task = task_container(sweep_config)
@@ -246,6 +246,12 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def task_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides of the task's config: Hydra's ``filter_overrides`` misses ``+hydra.*`` and
+    ``++hydra.*`` (the Optuna sweeper passes each trial's environment that way)."""
+    return [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:

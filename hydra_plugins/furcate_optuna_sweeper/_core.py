@@ -198,7 +198,9 @@ class StudySweep:
             job_env.OPTUNA_MONITOR: self.options.monitor,
             job_env.OPTUNA_PRUNER: self.options.pruner_json(),
         }
-        return [override_line(f"hydra.job.env_set.{k}", v) for k, v in env.items()]
+        # ++: env_set is a struct of str, which takes a new key only this way (and a key the
+        # user set is overwritten, not an error)
+        return [override_line(f"++hydra.job.env_set.{k}", v) for k, v in env.items()]
 
     def _copy_reports_of_retried(self, trial: optuna.Trial) -> None:
         """A re-tried trial's job resumes at the epoch its predecessor reached: the pruner
@@ -373,7 +375,7 @@ def run_study(
     results = write_results(sweep.study, sweep_dir)
     ran = sweep.started > 0 and _can_stream(launcher)
     sweep_run = getattr(launcher, "sweep_run_id", None) if ran and sweep.runs is not None else None
-    if results is not None and sweep.runs is not None and sweep_run:
+    if results is not None and sweep_run and sweep.runs is not None:
         sweep.runs.log_results(sweep_run, results.files, results.tags)
     returns = [sweep.returns[num] for num in sorted(sweep.returns)]
     if sweep.failures and sweep.too_many_failures(1):

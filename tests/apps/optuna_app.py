@@ -13,7 +13,7 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from probe_app import record
+from probe_app import record  # type: ignore[import-not-found]  # a sibling script
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="optuna")
