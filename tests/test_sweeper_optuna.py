@@ -26,7 +26,9 @@ from tests.sweeper_helpers import ran_jobs
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def run_study(tmp_path: Path, *overrides: str, sweep: str = "sweep") -> Any:
+def run_study(
+    tmp_path: Path, *overrides: str, sweep: str = "sweep"
+) -> subprocess.CompletedProcess[str]:
     return run_cli(
         APPS / "optuna_app.py",
         "-m",

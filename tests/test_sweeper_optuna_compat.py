@@ -35,7 +35,7 @@ def test_the_sphere_example_runs_unchanged(tmp_path: Path, launcher: list[str]) 
         assert trial.value == trial.params["x"] ** 2 + trial.params["y"] ** 2
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     assert results.name == "optuna"
-    assert results.best_value == study.best_value == min(t.value for t in study.trials)
+    assert results.best_value == study.best_value == min(t.values[0] for t in study.trials)
     assert dict(results.best_params) == study.best_params
 
 

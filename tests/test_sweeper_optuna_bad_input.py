@@ -1,0 +1,135 @@
+"""Bad furcate_optuna input: a message naming the key, the value and the fix; nothing recorded
+is lost. Each case runs the real CLI."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import APPS, run_cli
+from tests.store_helpers import job_runs
+from tests.sweeper_helpers import ran_jobs
+
+
+def run_study(
+    tmp_path: Path, *overrides: str, sweep: str = "sweep"
+) -> subprocess.CompletedProcess[str]:
+    return run_cli(
+        APPS / "optuna_app.py",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / sweep}",
+        *overrides,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["hydra/sweeper/sampler=annealing"],
+            ["Could not find 'hydra/sweeper/sampler/annealing'", "tpe", "cmaes", "qmc"],
+        ),
+        (
+            ["hydra/sweeper/pruner=patience"],
+            ["Could not find 'hydra/sweeper/pruner/patience'", "median", "hyperband"],
+        ),
+        (
+            ["hydra.sweeper.pruner.name=wilting"],
+            ["Invalid hydra.sweeper.pruner=", "wilting", "hydra/sweeper/pruner=median"],
+        ),
+        (
+            ["hydra.sweeper.pruner.n_warmup_steps=-1"],
+            ["Invalid hydra.sweeper.pruner=", "n_warmup_steps", "arguments optuna.pruners takes"],
+        ),
+        (
+            ["hydra.sweeper.params.x='interval(0,'"],
+            ["Invalid hydra.sweeper.params.x='interval(0,'", "is not a valid search space"],
+        ),
+        (
+            ["hydra.sweeper.params.x='interval(2, 1)'"],
+            ["Invalid hydra.sweeper.params.x=", "needs its low end below its high end"],
+        ),
+        (
+            ["hydra.sweeper.direction=sideways"],
+            ["Invalid hydra.sweeper.direction='sideways'", "minimize or maximize"],
+        ),
+        (
+            ["hydra.sweeper.storage=optuna.db"],
+            ["Invalid hydra.sweeper.storage='optuna.db'", "sqlite:///optuna.db"],
+        ),
+        (["hydra.sweeper.n_trials=0"], ["Invalid hydra.sweeper.n_trials=0", "1 or more"]),
+        (
+            ["hydra.sweeper.max_failure_rate=1.5"],
+            ["Invalid hydra.sweeper.max_failure_rate=1.5", "between 0.0 and 1.0"],
+        ),
+        (
+            ["hydra.sweeper.custom_search_space=no_such_module.configure"],
+            ["Invalid hydra.sweeper.custom_search_space=", "(cfg, trial)"],
+        ),
+        (
+            ["hydra/sweeper/sampler=grid"],  # x is an interval: no grid to walk
+            ["Invalid hydra.sweeper.params.x=", "the grid sampler needs"],
+        ),
+        (
+            ["hydra.sweeper.exclude=[{yy: 1}]"],
+            ["Invalid hydra.sweeper.exclude[0]='yy'", "names a key that is in no config"],
+        ),
+    ],
+)
+def test_bad_options_stop_before_any_trial(
+    tmp_path: Path, mlflow_store: str, overrides: list[str], expected: list[str]
+) -> None:
+    result = run_study(tmp_path, *overrides)
+    assert result.returncode != 0
+    stderr = result.stderr
+    for text in expected:
+        assert text in stderr, stderr
+    assert "Traceback" not in stderr
+    assert not ran_jobs(tmp_path / "sweep")
+    assert not job_runs(mlflow_store)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["returns=2"],
+            "returned (1.0, -1.0) (2 values), but hydra.sweeper.direction is ['minimize'] "
+            "(1 value). Fix: return a number (the value to minimize)",
+        ),
+        (
+            ["hydra.sweeper.direction=[minimize,maximize]"],
+            "returned 1.0 (1 value), but hydra.sweeper.direction is ['minimize', 'maximize'] "
+            "(2 values). Fix: return a tuple of 2 numbers, one per direction",
+        ),
+        (["returns=none"], "returned None, which is not a number. Fix: return a number"),
+    ],
+)
+def test_a_task_returning_the_wrong_values_fails_its_trial_with_a_clear_error(
+    tmp_path: Path, overrides: list[str], expected: str
+) -> None:
+    # x=0 y=0 gives 1.0; n_jobs=1 so the first failure is the only trial
+    fixed = ["hydra.sweeper.params.x=0", "hydra.sweeper.params.y=0", "hydra.sweeper.n_jobs=1"]
+    result = run_study(tmp_path, *fixed, *overrides)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr
+    study = optuna.load_study(study_name="optuna_app", storage=f"sqlite:///{tmp_path}/optuna.db")
+    (trial,) = study.trials
+    assert trial.state is TrialState.FAIL
+    assert expected.split(" (")[0] in trial.user_attrs["furcate_error"]
+
+
+def test_a_study_keeps_its_directions(tmp_path: Path) -> None:
+    first = run_study(tmp_path, "hydra.sweeper.n_trials=2")
+    assert first.returncode == 0, first.stderr
+    again = run_study(tmp_path, "hydra.sweeper.direction=maximize", sweep="again")
+    assert again.returncode != 0
+    assert "Invalid hydra.sweeper.direction=['maximize']" in again.stderr
+    assert "hydra.sweeper.study_name=<new name>" in again.stderr
+    study = optuna.load_study(study_name="optuna_app", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2  # nothing lost
