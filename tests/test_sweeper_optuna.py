@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
@@ -104,31 +105,32 @@ def test_the_batch_loop_waits_for_the_slowest_trial_of_each_batch(tmp_path: Path
 def test_n_trials_is_the_studys_total_and_recorded_configs_are_told_without_running(
     tmp_path: Path, mlflow_store: str
 ) -> None:
-    first = run_study(tmp_path, "hydra.sweeper.n_trials=3", "hydra/sweeper/sampler=random")
+    # x fixed, y one of 3: at most 3 distinct configs, however many trials are asked
+    space = ["hydra/sweeper/sampler=random", "hydra.sweeper.params.x=0.5"]
+    first = run_study(tmp_path, "hydra.sweeper.n_trials=3", *space)
     assert first.returncode == 0, first.stderr
     # the same study again: nothing is missing, nothing runs
-    again = run_study(
-        tmp_path, "hydra.sweeper.n_trials=3", "hydra/sweeper/sampler=random", sweep="again"
-    )
+    again = run_study(tmp_path, "hydra.sweeper.n_trials=3", *space, sweep="again")
     assert again.returncode == 0, again.stderr
     assert "3 of 3 trials already in the study, 0 to run" in again.stdout
     assert not ran_jobs(tmp_path / "again")
     assert len(load_study(tmp_path).trials) == 3
-    # y alone, 3 choices, already all run: every new trial is one of the recorded configs
-    more = run_study(
-        tmp_path,
-        "hydra.sweeper.n_trials=5",
-        "hydra/sweeper/sampler=random",
-        "hydra.sweeper.params.x=0.5",
-        sweep="more",
-    )
+
+    more = run_study(tmp_path, "hydra.sweeper.n_trials=8", *space, sweep="more")
     assert more.returncode == 0, more.stderr
+    assert "3 of 8 trials already in the study, 5 to run" in more.stdout
     study = load_study(tmp_path)
-    assert states(study) == {"COMPLETE": 5}
-    assert "2 to run" in more.stdout
+    assert states(study) == {"COMPLETE": 8}
+    ran = len(ran_jobs(tmp_path / "sweep")) + len(ran_jobs(tmp_path / "more"))
+    assert ran <= 3  # each config ran once: its later trials were told from its MLflow run
+    runs = {r.info.run_id: r for r in job_runs(mlflow_store)}
+    assert len(runs) == ran
     told = [t for t in study.trials if "furcate:from_mlflow_run" in t.system_attrs]
-    ran = ran_jobs(tmp_path / "more")
-    assert len(told) + len(ran) == 2
+    assert len(told) == 8 - ran
+    for trial in told:
+        run = runs[trial.system_attrs["furcate:from_mlflow_run"]]
+        assert float(run.data.params["y"]) == trial.params["y"]
+        assert run.data.metrics["optuna.value"] == trial.value
 
 
 def test_interrupted_trials_are_retried_and_the_study_reaches_n_trials(
@@ -279,3 +281,17 @@ def _wait_for(condition: Any, timeout: float) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "cmaes", "nsgaii", "qmc"])
+def test_every_sampler_runs_seeded(tmp_path: Path, sampler: str) -> None:
+    overrides = [
+        f"hydra/sweeper/sampler={sampler}",
+        "hydra.sweeper.sampler.seed=3",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.params.x='range(0,4)'",  # the grid sampler needs a list of values
+    ]
+    result = run_study(tmp_path, *overrides)
+    assert result.returncode == 0, result.stderr
+    assert states(load_study(tmp_path)) == {"COMPLETE": 3}
+    assert len(ran_jobs(tmp_path / "sweep")) == 3

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
 from tests.conftest import APPS, run_cli
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs
@@ -43,33 +46,12 @@ def run_study(
             ["Invalid hydra.sweeper.pruner=", "wilting", "hydra/sweeper/pruner=median"],
         ),
         (
-            ["hydra.sweeper.pruner.n_warmup_steps=-1"],
-            ["Invalid hydra.sweeper.pruner=", "n_warmup_steps", "arguments optuna.pruners takes"],
-        ),
-        (
             ["hydra.sweeper.params.x='interval(0,'"],
             ["Invalid hydra.sweeper.params.x='interval(0,'", "is not a valid search space"],
         ),
         (
-            ["hydra.sweeper.params.x='interval(2, 1)'"],
-            ["Invalid hydra.sweeper.params.x=", "needs its low end below its high end"],
-        ),
-        (
-            ["hydra.sweeper.direction=sideways"],
-            ["Invalid hydra.sweeper.direction='sideways'", "minimize or maximize"],
-        ),
-        (
             ["hydra.sweeper.storage=optuna.db"],
             ["Invalid hydra.sweeper.storage='optuna.db'", "sqlite:///optuna.db"],
-        ),
-        (["hydra.sweeper.n_trials=0"], ["Invalid hydra.sweeper.n_trials=0", "1 or more"]),
-        (
-            ["hydra.sweeper.max_failure_rate=1.5"],
-            ["Invalid hydra.sweeper.max_failure_rate=1.5", "between 0.0 and 1.0"],
-        ),
-        (
-            ["hydra.sweeper.custom_search_space=no_such_module.configure"],
-            ["Invalid hydra.sweeper.custom_search_space=", "(cfg, trial)"],
         ),
         (
             ["hydra/sweeper/sampler=grid"],  # x is an interval: no grid to walk
@@ -92,6 +74,28 @@ def test_bad_options_stop_before_any_trial(
     assert "Traceback" not in stderr
     assert not ran_jobs(tmp_path / "sweep")
     assert not job_runs(mlflow_store)
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ({"pruner": {"name": "median", "n_warmup_steps": -1}}, "n_warmup_steps"),
+        ({"direction": "sideways"}, "Invalid hydra.sweeper.direction='sideways'"),
+        ({"direction": ["minimize", "up"]}, "minimize or maximize, or a list of them"),
+        ({"n_trials": 0}, "Invalid hydra.sweeper.n_trials=0: must be a whole number, 1 or more"),
+        ({"n_jobs": -2}, "Invalid hydra.sweeper.n_jobs=-2"),
+        ({"max_failure_rate": 1.5}, "Invalid hydra.sweeper.max_failure_rate=1.5"),
+        ({"monitor": ""}, "Invalid hydra.sweeper.monitor=''"),
+        ({"custom_search_space": "no_such_module.configure"}, "takes (cfg, trial)"),
+        ({"max_resamples": 0}, "Invalid hydra.sweeper.max_resamples=0"),
+        ({"study_name": ""}, "Invalid hydra.sweeper.study_name=''"),
+    ],
+)
+def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], expected: str) -> None:
+    with pytest.raises(SweeperOptionError) as raised:
+        OptunaOptions.parse({"pruner": {"name": "none"}, **options})
+    assert expected in str(raised.value)
+    assert "Fix: " in str(raised.value)
 
 
 @pytest.mark.parametrize(

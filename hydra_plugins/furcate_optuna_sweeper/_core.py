@@ -59,6 +59,7 @@ _MAX_PROBES = 64
 class TrialJob:
     trial: optuna.Trial
     num: int
+    task: tuple[str, ...]  # the overrides of the task's config
     overrides: list[str]  # what the launcher gets: the task's, then the job's environment
     label: str
 
@@ -126,8 +127,8 @@ class StudySweep:
 
     # -- asking ------------------------------------------------------------------------
 
-    def ask(self) -> TrialJob:
-        """The next trial to run, resampled while exclusion rules match what was sampled."""
+    def ask(self) -> tuple[optuna.Trial, list[str]]:
+        """The next trial and its task's overrides, resampled while exclusion rules match."""
         for _ in range(self.options.max_resamples):
             trial = self.study.ask(fixed_distributions=self.space.distributions)
             self._set_attr(trial, Attrs.SWEEPER, _json(self._identity))
@@ -135,7 +136,8 @@ class StudySweep:
             rule = self._excluded_by(task)
             if rule is None:
                 self._copy_reports_of_retried(trial)
-                return self._job(trial, task)
+                self.started += 1
+                return trial, task
             self._set_attr(trial, Attrs.EXCLUDED, rule)
             self.study.tell(trial, state=TrialState.FAIL)
             log.info("furcate_optuna: trial %d excluded by %s, resampling", trial.number, rule)
@@ -179,13 +181,16 @@ class StudySweep:
             return None
         return str(next(iter(result.excluded_by)))
 
-    def _job(self, trial: optuna.Trial, task: list[str]) -> TrialJob:
-        num = self.next_num
-        self.next_num += 1
-        self.started += 1
+    def job(self, trial: optuna.Trial, task: list[str], leader: TrialJob | None = None) -> TrialJob:
+        """The trial as a job with the next job number; a follower shares its leader's."""
+        num = leader.num if leader is not None else self.next_num
+        if leader is None:
+            self.next_num += 1
         overrides = [*task, *self._env_overrides(trial)]
         label = " ".join(filter_overrides(task)) or "no overrides"
-        return TrialJob(trial, num, overrides, f"job #{num} (trial {trial.number}: {label})")
+        return TrialJob(
+            trial, num, tuple(task), overrides, f"job #{num} (trial {trial.number}: {label})"
+        )
 
     def _env_overrides(self, trial: optuna.Trial) -> list[str]:
         """Hydra's ``hydra.job.env_set`` takes the job its trial: any launcher passes it on."""
@@ -215,13 +220,24 @@ class StudySweep:
 
     # -- telling -----------------------------------------------------------------------
 
-    def tell(self, job: TrialJob, job_return: JobReturn, key: str) -> TrialOutcome:
+    def tell(
+        self, job: TrialJob, job_return: JobReturn, key: str, leader: TrialJob | None = None
+    ) -> TrialOutcome:
+        """Tell the trial its job's outcome. A follower (sampled while a trial with the same
+        config ran) is told its leader's outcome, which the leader was told first."""
         trial = job.trial
         run_id, skipped = (None, False)
         if hasattr(self.launcher, "job_run"):
             run_id, skipped = self.launcher.job_run(key)
         storage = self.study._storage
-        if skipped and run_id is not None and self.runs is not None:
+        if leader is not None:
+            ran = storage.get_trial(leader.trial._trial_id)
+            self._set_attr(trial, Attrs.FROM_RECORD, run_id or f"trial {ran.number}")
+            for step, value in sorted(ran.intermediate_values.items()):
+                trial.report(value, step)
+            pruned = ran.state is TrialState.PRUNED
+            log.info("furcate_optuna: trial %d told from trial %d", trial.number, ran.number)
+        elif skipped and run_id is not None and self.runs is not None:
             recorded = self.runs.recorded(run_id)
             self._set_attr(trial, Attrs.FROM_RECORD, run_id)
             for step, value in sorted(recorded.intermediate.items()):
@@ -250,8 +266,9 @@ class StudySweep:
             if "Study.stop" not in str(exc):
                 raise
         self.told += 1
-        self.returns[job.num] = job_return
-        if self.runs is not None and run_id is not None and not skipped:
+        if leader is None:
+            self.returns[job.num] = job_return
+        if self.runs is not None and run_id is not None and not skipped and leader is None:
             self.runs.annotate(run_id, storage.get_trial(trial._trial_id))
         if outcome.failed:
             assert outcome.error is not None
@@ -397,6 +414,8 @@ def _concurrency(sweep: StudySweep, slots: int) -> int:
 def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
     """Every free slot runs a trial; a trial's end is told and the next trial asked at once."""
     in_flight: dict[str, TrialJob] = {}
+    # trials sampled with the config of a running trial: told its outcome, not run twice
+    followers: dict[str, list[TrialJob]] = {}
     stopping = False
     try:
         with launcher.streaming():
@@ -404,14 +423,23 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
             while in_flight or (sweep.started < sweep.to_start and not stopping):
                 done: list[tuple[str, JobReturn]] = []
                 if len(in_flight) < concurrency and sweep.started < sweep.to_start and not stopping:
-                    job = sweep.ask()
+                    trial, task = sweep.ask()
+                    leader = next((j for j in in_flight.values() if j.task == tuple(task)), None)
+                    if leader is not None:
+                        key = next(k for k, j in in_flight.items() if j is leader)
+                        followers.setdefault(key, []).append(sweep.job(trial, task, leader))
+                        continue
+                    job = sweep.job(trial, task)
                     (key,) = launcher.submit_batch([(job.overrides, job.num)])
                     in_flight[key] = job
                     done = launcher.wait_any(timeout=0)  # a recorded config comes back at once
                 else:
                     done = launcher.wait_any()
                 for key, job_return in done:
-                    sweep.tell(in_flight.pop(key), job_return, key)
+                    job = in_flight.pop(key)
+                    sweep.tell(job, job_return, key)
+                    for follower in followers.pop(key, []):
+                        sweep.tell(follower, job_return, key, leader=job)
                     if not stopping and sweep.too_many_failures(concurrency):
                         stopping = True
                         log.error(
@@ -421,7 +449,8 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                             len(in_flight),
                         )
     except BaseException as exc:
-        sweep.interrupted(list(in_flight.values()), f"sweep stopped: {type(exc).__name__}")
+        waiting = [job for jobs in followers.values() for job in jobs]
+        sweep.interrupted([*in_flight.values(), *waiting], f"sweep stopped: {type(exc).__name__}")
         raise
 
 
@@ -430,7 +459,8 @@ def _batches(sweep: StudySweep, launcher: Launcher) -> None:
     slots = int(getattr(launcher, "slot_count", 1)) if _can_stream(launcher) else 1
     size = sweep.options.n_jobs or slots
     while sweep.started < sweep.to_start:
-        jobs = [sweep.ask() for _ in range(min(size, sweep.to_start - sweep.started))]
+        count = min(size, sweep.to_start - sweep.started)
+        jobs = [sweep.job(*sweep.ask()) for _ in range(count)]
         try:
             results = launcher.launch([job.overrides for job in jobs], jobs[0].num)
         except BaseException as exc:

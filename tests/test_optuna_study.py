@@ -1,0 +1,114 @@
+"""The study's bookkeeping on a real sqlite storage: what counts toward n_trials, what is
+recovered from a dead sweep, and how a job's return is read for Optuna."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from optuna.trial import TrialState
+
+from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
+from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
+from hydra_plugins.furcate_optuna_sweeper._study import (
+    Attrs,
+    counts,
+    open_study,
+    recover_trials,
+    sweeper_identity,
+)
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+from tests.store_helpers import exited_launcher
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def new_study(tmp_path: Path, directions: tuple[str, ...] = ("minimize",)) -> optuna.Study:
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    return open_study(f"sqlite:///{tmp_path}/optuna.db", "s", directions, sampler, None)
+
+
+def running_trial(study: optuna.Study, identity: dict[str, str] | None) -> optuna.Trial:
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    if identity is not None:
+        study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, json.dumps(identity))
+    return trial
+
+
+def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    done = running_trial(study, sweeper_identity())
+    study.tell(done, 1.0)
+    dead = running_trial(study, exited_launcher().tags())
+    alive = running_trial(study, sweeper_identity())  # this process: still running it
+    foreign = running_trial(study, None)  # asked by someone else: theirs to tell
+
+    state = recover_trials(study)
+    assert (state.recovered, state.retried, state.running_elsewhere) == (1, 1, 2)
+    assert state.counted == 3  # the completed one and the two still running
+    frozen = study.trials[dead.number]
+    assert frozen.state is TrialState.FAIL
+    assert "has exited" in frozen.system_attrs[Attrs.INTERRUPTED]
+    assert study.trials[alive.number].state is TrialState.RUNNING
+    assert study.trials[foreign.number].state is TrialState.RUNNING
+    # the retry is asked next, with the dead trial's params
+    retry = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    assert retry.params == frozen.params
+    assert retry.user_attrs[Attrs.RETRY_OF] == dead.number
+    # a later sweep does not enqueue it again
+    assert recover_trials(study).retried == 0
+
+
+def test_what_counts_toward_n_trials(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    for state, attr in [
+        (TrialState.COMPLETE, None),
+        (TrialState.PRUNED, None),
+        (TrialState.FAIL, None),  # the task failed: a trial like any other
+        (TrialState.FAIL, Attrs.INTERRUPTED),  # re-tried instead
+        (TrialState.FAIL, Attrs.EXCLUDED),  # never ran
+    ]:
+        trial = running_trial(study, None)
+        if attr is not None:
+            study._storage.set_trial_system_attr(trial._trial_id, attr, "why")
+        study.tell(trial, 1.0 if state is TrialState.COMPLETE else None, state=state)
+    assert [counts(t) for t in study.trials] == [True, True, True, False, False]
+
+
+def test_a_study_cannot_change_its_directions(tmp_path: Path) -> None:
+    new_study(tmp_path)
+    with pytest.raises(SweeperOptionError, match="differs from the directions study 's'"):
+        new_study(tmp_path, ("maximize",))
+
+
+def test_relative_sqlite_paths_are_made_absolute_for_jobs(tmp_path: Path) -> None:
+    assert job_storage_url("sqlite:///optuna.db", tmp_path) == f"sqlite:///{tmp_path}/optuna.db"
+    assert job_storage_url("sqlite:////abs/o.db", tmp_path) == "sqlite:////abs/o.db"
+    assert job_storage_url("postgresql://h/db", tmp_path) == "postgresql://h/db"
+
+
+def job_return(value: object, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:
+    ret = JobReturn()
+    ret.status = status
+    ret._return_value = value
+    return ret
+
+
+def test_returns_read_as_optuna_outcomes() -> None:
+    one = ("minimize",)
+    assert read_outcome(job_return(2), one, "job", pruned=False).values == [2.0]
+    assert read_outcome(job_return([2.5]), one, "job", pruned=False).values == [2.5]
+    pruned = read_outcome(job_return(3.0), one, "job", pruned=True)
+    assert pruned.state is TrialState.PRUNED
+    # a pruned job need not return a value at all
+    assert read_outcome(job_return(None), one, "job", pruned=True).state is TrialState.PRUNED
+    nan = read_outcome(job_return(float("nan")), one, "job", pruned=False)
+    assert nan.state is TrialState.FAIL and "NaN" in str(nan.error)
+    error = ValueError("boom")
+    failed = read_outcome(job_return(error, JobStatus.FAILED), one, "job", pruned=False)
+    assert failed.state is TrialState.FAIL and failed.error is error
+    two = read_outcome(job_return((1, 2)), ("minimize", "maximize"), "job", pruned=False)
+    assert two.values == [1.0, 2.0]
