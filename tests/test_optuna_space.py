@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import optuna
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from hydra_plugins.furcate_optuna_sweeper._space import override_line, parse_search_space
+from furcate_hydra.pruners import pruner_from_spec
+from hydra_plugins.furcate_optuna_sweeper._space import (
+    grid_values,
+    override_line,
+    parse_search_space,
+)
+from hydra_plugins.furcate_optuna_sweeper.config import (
+    HyperbandPrunerConf,
+    MedianPrunerConf,
+    NoPrunerConf,
+    SuccessiveHalvingPrunerConf,
+)
 from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
 
 PARSER = OverridesParser.create()
@@ -74,3 +87,27 @@ def test_override_lines_read_back_as_the_same_value(value: Any) -> None:
     (override,) = PARSER.parse_overrides([override_line("key", value)])
     assert override.value() == value
     assert type(override.value()) is type(value)
+
+
+def test_grid_values_list_every_value_hydra_would() -> None:
+    parsed = space(x="range(-1.0, 1.0, step=0.5)", n="int(interval(1, 3))", o="choice(a, b)")
+    grids = {k: grid_values(k, d) for k, d in parsed.distributions.items()}
+    assert grids == {"x": [-1.0, -0.5, 0.0, 0.5], "n": [1, 2, 3], "o": ["a", "b"]}
+    with pytest.raises(SweeperOptionError, match="the grid sampler needs"):
+        grid_values("lr", space(lr="interval(0.1, 1.0)").distributions["lr"])
+
+
+@pytest.mark.parametrize(
+    "conf, expected",
+    [
+        (MedianPrunerConf, optuna.pruners.MedianPruner),
+        (SuccessiveHalvingPrunerConf, optuna.pruners.SuccessiveHalvingPruner),
+        (HyperbandPrunerConf, optuna.pruners.HyperbandPruner),
+        (NoPrunerConf, optuna.pruners.NopPruner),
+    ],
+)
+def test_each_pruner_option_builds_its_optuna_pruner(conf: type, expected: type) -> None:
+    # hydra/sweeper/pruner=<name> gives these values; sweeper and jobs build the pruner from them
+    values = OmegaConf.to_container(OmegaConf.structured(conf))
+    assert isinstance(values, dict)
+    assert isinstance(pruner_from_spec({str(k): v for k, v in values.items()}), expected)
