@@ -266,6 +266,9 @@ class StudySweep:
             if "Study.stop" not in str(exc):
                 raise
         self.told += 1
+        if not outcome.failed:
+            shown = outcome.values if outcome.values is not None else "no value"
+            log.info("furcate_optuna: trial %d %s: %s", trial.number, outcome.state.name, shown)
         if leader is None:
             self.returns[job.num] = job_return
         if self.runs is not None and run_id is not None and not skipped and leader is None:
