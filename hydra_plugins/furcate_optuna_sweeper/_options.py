@@ -89,7 +89,7 @@ class OptunaOptions:
 
     def pruner_object(self) -> Any:
         """The study's pruner, built as each job builds it."""
-        from furcate_hydra.lightning.pruning import pruner_from_spec
+        from furcate_hydra.pruners import pruner_from_spec
 
         return pruner_from_spec(self.pruner)
 
@@ -184,7 +184,7 @@ def _callable(path: Any) -> Callable[[DictConfig, Any], Any] | None:
 
 
 def _check_pruner(spec: dict[str, Any]) -> None:
-    from furcate_hydra.lightning.pruning import pruner_from_spec
+    from furcate_hydra.pruners import pruner_from_spec
 
     try:
         pruner_from_spec(spec)
