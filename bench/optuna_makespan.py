@@ -18,7 +18,8 @@ and the furcate launcher:
 Samplers: ``random`` (RandomSampler, fixed seed) is the main row: both modes ask the same
 sequence of trials, so the work is identical; the script checks that on the studies' trials, and
 that it is the sequence an in-memory study with the same sampler asks. Since the draw decides how
-much batching can lose, the zero-overhead sweep ratio of this seed is set against seeds 0-199.
+much batching can lose, each round draws with its own seed (``--seed`` + round), shared by both
+modes, and each draw's zero-overhead sweep ratio is set against seeds 0-199.
 ``tpe`` (TPESampler, same seed, constant_liar on by default) is a second row: after its 10
 random startup trials what it asks depends on what was told before, hence on timing in async
 mode, so each run's own work and lower bound are reported.
@@ -186,24 +187,31 @@ def random_sequence(seed: int, trials: int) -> list[float]:
     return sequence
 
 
-def seed_context(seed: int, trials: int, measured: list[float], seeds: int = 200) -> dict[str, Any]:
-    """How this seed's draw compares with others: the zero-overhead sweep ratio async / batch
-    (list scheduling in trial order over the sum of each batch's longest trial) for seeds
-    0 to ``seeds`` - 1."""
+def seed_context(
+    used: Sequence[int], trials: int, measured: Sequence[list[float]], seeds: int = 200
+) -> dict[str, Any]:
+    """How the rounds' draws compare with others: the zero-overhead sweep ratio async / batch
+    (list scheduling in trial order over the sum of each batch's longest trial) of each seed
+    used, against seeds 0 to ``seeds`` - 1."""
 
     def model_ratio(sequence: list[float]) -> float:
         return list_schedule(sequence) / batch_schedule(sequence)
 
     ratios = [model_ratio(random_sequence(s, trials)) for s in range(seeds)]
-    ours = model_ratio(measured)
+    ours = [model_ratio(m) for m in measured]
     deciles = statistics.quantiles(ratios, n=10)
     return {
-        "measured_sequence_is_the_samplers": random_sequence(seed, trials) == measured,
-        "model_ratio": round(ours, 4),
+        "measured_sequence_is_the_samplers": all(
+            random_sequence(seed, trials) == m for seed, m in zip(used, measured, strict=True)
+        ),
+        "model_ratio_by_round": [round(r, 4) for r in ours],
+        "model_ratio": round(statistics.median(ours), 4),
         "seeds": seeds,
         "model_ratio_median": round(statistics.median(ratios), 4),
         "model_ratio_p10_p90": [round(deciles[0], 4), round(deciles[-1], 4)],
-        "share_of_seeds_at_or_below": round(sum(r <= ours for r in ratios) / seeds, 3),
+        "share_of_seeds_at_or_below": round(
+            sum(r <= statistics.median(ours) for r in ratios) / seeds, 3
+        ),
         "work_s_median": statistics.median(sum(random_sequence(s, trials)) for s in range(seeds)),
     }
 
@@ -277,12 +285,20 @@ def summarize_mode(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def workload(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Whether every run of a sampler ran the same trials (d in trial order, and as multisets)."""
-    sequences = [r["durations_by_trial"] for mode in rounds.values() for r in mode]
-    first = sequences[0]
+    """Whether both modes of each round (one seed) ran the same trials (d in trial order, and
+    as multisets)."""
+    pairs = list(zip(*(runs for runs in rounds.values()), strict=True))
+    same = [
+        all(r["durations_by_trial"] == pair[0]["durations_by_trial"] for r in pair)
+        for pair in pairs
+    ]
+    multiset = [
+        all(sorted(r["durations_by_trial"]) == sorted(pair[0]["durations_by_trial"]) for r in pair)
+        for pair in pairs
+    ]
     return {
-        "same_sequence_in_every_run": all(s == first for s in sequences),
-        "same_multiset_in_every_run": all(sorted(s) == sorted(first) for s in sequences),
+        "same_sequence_in_every_round": all(same),
+        "same_multiset_in_every_round": all(multiset),
         "durations_by_trial": {
             mode: [r["durations_by_trial"] for r in runs] for mode, runs in rounds.items()
         },
@@ -295,8 +311,8 @@ def workload(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def show(figures: dict[str, Any]) -> None:
     print(
-        f"\n{figures['trials']} trials on {SLOTS} slots, d from {list(DURATIONS)}, seed "
-        f"{figures['seed']}; medians of {figures['rounds']} rounds"
+        f"\n{figures['trials']} trials on {SLOTS} slots, d from {list(DURATIONS)}, seeds "
+        f"{figures['seeds']} (one per round); medians of {figures['rounds']} rounds"
     )
     print(
         f"{'sampler':<8}{'mode':<7}{'wall s':>8}{'sweep s':>9}{'work s':>8}{'bound s':>9}"
@@ -314,9 +330,9 @@ def show(figures: dict[str, Any]) -> None:
     for sampler, row in figures["samplers"].items():
         same = row["workload"]
         print(
-            f"{sampler}: same trials (d in trial order) in every run: "
-            f"{same['same_sequence_in_every_run']}, same multiset: "
-            f"{same['same_multiset_in_every_run']}"
+            f"{sampler}: same trials (d in trial order) in both modes of every round: "
+            f"{same['same_sequence_in_every_round']}, same multiset: "
+            f"{same['same_multiset_in_every_round']}"
         )
         for name, ratio in row["ratios"].items():
             print(f"  {name}: median {ratio['median']:.3f} (rounds {ratio['per_round']})")
@@ -329,9 +345,10 @@ def show(figures: dict[str, Any]) -> None:
     if "random" in figures["samplers"]:
         c = figures["samplers"]["random"]["workload"]["seed_context"]
         print(
-            f"random, seed {figures['seed']}: the sampler's own sequence: "
-            f"{c['measured_sequence_is_the_samplers']}; zero-overhead sweep ratio "
-            f"{c['model_ratio']:.3f}, at or above {c['share_of_seeds_at_or_below']:.0%} of seeds "
+            f"random, seeds {figures['seeds']}: the sampler's own sequences: "
+            f"{c['measured_sequence_is_the_samplers']}; zero-overhead sweep ratios "
+            f"{c['model_ratio_by_round']}, median {c['model_ratio']:.3f} at or above "
+            f"{c['share_of_seeds_at_or_below']:.0%} of seeds "
             f"0-{c['seeds'] - 1} (median {c['model_ratio_median']:.3f}, p10-p90 "
             f"{c['model_ratio_p10_p90'][0]:.3f}-{c['model_ratio_p10_p90'][1]:.3f})"
         )
@@ -346,7 +363,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs of each mode per sampler")
     parser.add_argument("--trials", type=int, default=32, help="hydra.sweeper.n_trials")
-    parser.add_argument("--seed", type=int, default=0, help="hydra.sweeper.sampler.seed")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="round r uses hydra.sweeper.sampler.seed=seed + r"
+    )
     parser.add_argument(
         "--samplers",
         default=",".join(DEFAULT_SAMPLERS),
@@ -369,7 +388,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="furcate-bench-") as tmp:
         for r in range(args.rounds):
             for sampler in samplers:
-                extra = sampler_overrides(sampler, args.seed)
+                # one draw per round, shared by both modes: a single seed's draw decides how
+                # much batching loses, so several draws say more than one
+                extra = sampler_overrides(sampler, args.seed + r)
                 for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # take turns
                     run = run_command(mode, extra, args.trials, Path(tmp) / f"{r}-{sampler}-{mode}")
                     rounds[sampler][mode].append(summarize_run(run))
@@ -383,6 +404,7 @@ def main() -> None:
         by_mode = rounds[sampler]
         results[sampler] = {
             "overrides": {
+                # round r's seed is args.seed + r
                 mode: [*COMMON_OVERRIDES, *sampler_overrides(sampler, args.seed), *MODES[mode]]
                 for mode in modes
             },
@@ -398,14 +420,15 @@ def main() -> None:
             },
         }
     if "random" in results:
-        first = rounds["random"]["async"][0]["durations_by_trial"]
-        results["random"]["workload"]["seed_context"] = seed_context(args.seed, args.trials, first)
+        used = [args.seed + r for r in range(args.rounds)]
+        measured = [r["durations_by_trial"] for r in rounds["random"]["async"]]
+        results["random"]["workload"]["seed_context"] = seed_context(used, args.trials, measured)
     main_sampler = samplers[0]
     wall = results[main_sampler]["ratios"]["wall async / batch"]
     figures = {
         "rounds": args.rounds,
         "trials": args.trials,
-        "seed": args.seed,
+        "seeds": [args.seed + r for r in range(args.rounds)],
         "durations": list(DURATIONS),
         "samplers": results,
         "goal": {
