@@ -96,7 +96,6 @@ class StudySweep:
         self.returns: dict[int, JobReturn] = {}
         self.next_num = 0
         self._identity = sweeper_identity()
-        self._runs: TrialRuns | bool | None = False  # False: not looked up yet
         pruning = (
             f"pruner {options.pruner['name']} on {options.monitor}"
             if options.monitor
@@ -116,14 +115,12 @@ class StudySweep:
             ", ".join(options.directions),
         )
 
-    @property
+    @functools.cached_property
     def runs(self) -> TrialRuns | None:
         """The trials' MLflow runs, with the furcate launcher recording; looked up on first use,
         since asking the launcher starts its pool."""
-        if self._runs is False:
-            tracking = getattr(self.launcher, "tracking_uri", None)
-            self._runs = TrialRuns(tracking, self.study_name) if tracking else None
-        return self._runs if isinstance(self._runs, TrialRuns) else None
+        tracking = getattr(self.launcher, "tracking_uri", None)
+        return TrialRuns(tracking, self.study_name) if tracking else None
 
     # -- asking ------------------------------------------------------------------------
 

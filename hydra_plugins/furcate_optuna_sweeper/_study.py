@@ -67,32 +67,27 @@ def open_study(
     pruner: Any,
 ) -> optuna.Study:
     """Create the study, or load it with the same name; its directions must not change."""
-    storage = rdb_storage(storage_url)
-    try:
-        existing = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
-    except KeyError:
-        existing = None
-    if existing is not None:
-        had = [d.name.lower() for d in existing.directions]
-        if had != list(directions):
-            from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
-
-            raise SweeperOptionError(
-                "hydra.sweeper.direction",
-                list(directions),
-                f"differs from the directions study {study_name!r} in {storage_url} was created "
-                f"with ({had})",
-                "keep the study's directions, or start another study with "
-                "hydra.sweeper.study_name=<new name>",
-            )
-    return optuna.create_study(
-        storage=storage,
+    study = optuna.create_study(
+        storage=rdb_storage(storage_url),
         study_name=study_name,
         directions=[StudyDirection[d.upper()] for d in directions],
         sampler=sampler,
         pruner=pruner,
-        load_if_exists=True,
+        load_if_exists=True,  # an existing study keeps the directions it was created with
     )
+    had = [d.name.lower() for d in study.directions]
+    if had != list(directions):
+        from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+
+        raise SweeperOptionError(
+            "hydra.sweeper.direction",
+            list(directions),
+            f"differs from the directions study {study_name!r} in {storage_url} was created "
+            f"with ({had})",
+            "keep the study's directions, or start another study with "
+            "hydra.sweeper.study_name=<new name>",
+        )
+    return study
 
 
 def rdb_storage(url: str) -> RDBStorage:
