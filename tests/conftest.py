@@ -58,6 +58,20 @@ def run_probe_sweep(
     )
 
 
+def run_optuna_study(
+    tmp_path: Path, *overrides: str, sweep: str = "sweep"
+) -> subprocess.CompletedProcess[str]:
+    """``python optuna_app.py -m <overrides>`` in ``tmp_path`` (its optuna.db and mlflow.db),
+    with its sweep dir at ``tmp_path / sweep``."""
+    return run_cli(
+        APPS / "optuna_app.py",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / sweep}",
+        *overrides,
+        cwd=tmp_path,
+    )
+
+
 @pytest.fixture(scope="session")
 def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An initialised, empty MLflow sqlite store; copying it skips ~1.5 s of migrations."""

@@ -20,23 +20,12 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra.store import RunStatus
-from tests.conftest import APPS, run_cli
+from tests.conftest import APPS
+from tests.conftest import run_optuna_study as run_study
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
 from tests.sweeper_helpers import ran_jobs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def run_study(
-    tmp_path: Path, *overrides: str, sweep: str = "sweep"
-) -> subprocess.CompletedProcess[str]:
-    return run_cli(
-        APPS / "optuna_app.py",
-        "-m",
-        f"hydra.sweep.dir={tmp_path / sweep}",
-        *overrides,
-        cwd=tmp_path,
-    )
 
 
 def load_study(tmp_path: Path) -> optuna.Study:

@@ -3,7 +3,6 @@ is lost. Each case runs the real CLI."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +12,9 @@ from optuna.trial import TrialState
 
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
-from tests.conftest import APPS, run_cli
+from tests.conftest import run_optuna_study as run_study
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs
-
-
-def run_study(
-    tmp_path: Path, *overrides: str, sweep: str = "sweep"
-) -> subprocess.CompletedProcess[str]:
-    return run_cli(
-        APPS / "optuna_app.py",
-        "-m",
-        f"hydra.sweep.dir={tmp_path / sweep}",
-        *overrides,
-        cwd=tmp_path,
-    )
 
 
 @pytest.mark.parametrize(
