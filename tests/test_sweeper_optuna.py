@@ -125,20 +125,7 @@ def test_n_trials_is_the_studys_total_and_recorded_configs_are_told_without_runn
 def test_interrupted_trials_are_retried_and_the_study_reaches_n_trials(
     tmp_path: Path, mlflow_store: str
 ) -> None:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "optuna_app.py"),
-            "-m",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            "sleep=1.5",
-        ],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    process = start_study(tmp_path, "sleep=1.5")
     try:
         _wait_for(lambda: len(ran_jobs(tmp_path / "sweep")) >= 2, timeout=60)
         time.sleep(0.5)  # jobs 2 and 3 are running now
@@ -171,21 +158,7 @@ def test_interrupted_trials_are_retried_and_the_study_reaches_n_trials(
 
 
 def test_trials_left_running_by_a_killed_sweep_are_failed_and_retried(tmp_path: Path) -> None:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "optuna_app.py"),
-            "-m",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            "sleep=30",
-            "hydra.sweeper.n_trials=3",
-        ],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    process = start_study(tmp_path, "sleep=30", "hydra.sweeper.n_trials=3")
     try:
         _wait_for(lambda: _running_trials(tmp_path) == 2, timeout=60)
         os.kill(process.pid, signal.SIGKILL)  # no chance to tell anything
@@ -251,6 +224,25 @@ def test_several_directions_write_the_pareto_set(tmp_path: Path, mlflow_store: s
     assert len(results.solutions) == len(study.best_trials) >= 1
     run = job_runs(mlflow_store)[0]
     assert {"optuna.value.0", "optuna.value.1"} <= set(run.data.metrics)
+
+
+def start_study(tmp_path: Path, *overrides: str) -> subprocess.Popen[bytes]:
+    """The study's sweep in the background, in its own process group (a terminal's foreground
+    job), so that a test can Ctrl-C or kill it."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(APPS / "optuna_app.py"),
+            "-m",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            *overrides,
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _running_trials(tmp_path: Path) -> int:

@@ -23,7 +23,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import optuna
 import pytorch_lightning as pl
@@ -32,6 +32,7 @@ from optuna.pruners import BasePruner
 
 from furcate_hydra import job_env
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.optuna_storage import rdb_storage
 from furcate_hydra.pruners import pruner_from_spec
 
 __all__ = [
@@ -53,7 +54,6 @@ MONITOR_VAR = job_env.OPTUNA_MONITOR
 PRUNER_VAR = job_env.OPTUNA_PRUNER
 PRUNED_AT_EPOCH_ATTR = job_env.PRUNED_AT_EPOCH_ATTR
 
-SQLITE_BUSY_TIMEOUT_S = 30
 _LOCKED_RETRIES = 5
 
 T = TypeVar("T")
@@ -188,7 +188,7 @@ class OptunaPruning(pl.Callback):
     def _open(self) -> optuna.Trial | None:
         if self._trial is not None or self._multi_objective:
             return self._trial
-        storage = _retry_locked(lambda: _rdb_storage(self.storage))
+        storage = _retry_locked(lambda: rdb_storage(self.storage, create_tables=False))
         study = _retry_locked(
             lambda: optuna.load_study(
                 study_name=self.study_name,
@@ -215,14 +215,6 @@ class OptunaPruning(pl.Callback):
         self._storage = storage
         self._trial = _retry_locked(lambda: optuna.Trial(study, self._trial_id))
         return self._trial
-
-
-def _rdb_storage(url: str) -> optuna.storages.RDBStorage:
-    engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-    # the sweeper created the study, so the tables exist: no DDL from every job
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_table_creation=True)
 
 
 def _retry_locked(call: Callable[[], T]) -> T:

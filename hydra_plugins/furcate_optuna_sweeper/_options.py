@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.exclusion import ExclusionRule
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, SweepSpec
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, SweepSpec, plain
 
 __all__ = ["DIRECTIONS", "OptunaOptions", "default_storage", "job_storage_url"]
 
@@ -43,7 +43,7 @@ class OptunaOptions:
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> OptunaOptions:
         spec = SweepSpec.parse(options.get("params"), options.get("exclude"))
-        pruner = _plain(options.get("pruner")) or {"name": "none"}
+        pruner = plain(options.get("pruner")) or {"name": "none"}
         if not isinstance(pruner, dict) or pruner.get("name") not in _PRUNERS:
             raise SweeperOptionError(
                 "hydra.sweeper.pruner",
@@ -110,7 +110,7 @@ def job_storage_url(storage: str, cwd: Path) -> str:
 
 
 def _directions(value: Any) -> tuple[str, ...]:
-    raw = _plain(value)
+    raw = plain(value)
     items = raw if isinstance(raw, list) else [raw]
     names = [getattr(item, "name", item) for item in items]  # Direction enums, as strings
     if not names or not all(isinstance(n, str) and n in DIRECTIONS for n in names):
@@ -195,9 +195,3 @@ def _check_pruner(spec: dict[str, Any]) -> None:
             exc.problem,
             "set only the arguments optuna.pruners takes for this pruner",
         ) from None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value

@@ -22,18 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from furcate_hydra.optuna_storage import rdb_storage
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.records import RunRecord, RunStatus
 
 __all__ = ["Attrs", "StudyState", "open_study", "recover_trials"]
 
 log = logging.getLogger(__name__)
-
-SQLITE_BUSY_TIMEOUT_S = 30
 
 
 class Attrs:
@@ -88,14 +86,6 @@ def open_study(
             "hydra.sweeper.study_name=<new name>",
         )
     return study
-
-
-def rdb_storage(url: str) -> RDBStorage:
-    """An RDB storage that waits for sqlite's lock (trials' jobs write to the same file)."""
-    engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-    return RDBStorage(url, engine_kwargs=engine_kwargs)
 
 
 def sweeper_identity() -> dict[str, str]:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from furcate_hydra.exclusion import ABSENT, ConfigView, ExclusionRule, unknown_keys
 from hydra_plugins.furcate_launcher._compose import SweepComposer
 from hydra_plugins.furcate_launcher._task_config import as_job
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, plain
 
 __all__ = ["FilteredGrid", "GridFilter"]
 
@@ -133,11 +133,5 @@ class GridFilter:
                         "exclude on a key whose value composes without the job's runtime",
                     ) from None
                 if value is not ABSENT:
-                    values[key] = _plain(value)
+                    values[key] = plain(value)
         return values
-
-
-def _plain(value: Any) -> Any:
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    return value

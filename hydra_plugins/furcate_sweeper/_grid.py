@@ -29,6 +29,7 @@ __all__ = [
     "expand_grid",
     "first_line",
     "parse_sweep_overrides",
+    "plain",
 ]
 
 # What Hydra raises for config files it cannot compose (bad YAML, a missing group option, a
@@ -49,7 +50,7 @@ class SweepSpec:
 
     @classmethod
     def parse(cls, params: Any, exclude: Any) -> SweepSpec:
-        params = _plain(params)
+        params = plain(params)
         if params is None:
             params = {}
         if not isinstance(params, Mapping):
@@ -60,7 +61,7 @@ class SweepSpec:
                 "write it as `params: {learning_rate: 1e-3,1e-2, optimizer: choice(Adam,SGD)}`",
             )
         try:
-            rules = parse_exclusions(_plain(exclude), "hydra.sweeper.exclude")
+            rules = parse_exclusions(plain(exclude), "hydra.sweeper.exclude")
         except FurcateConfigError as exc:
             raise SweeperOptionError(exc.key, exc.value, exc.problem, exc.fix) from None
         lines = tuple((str(key), _param_value(key, value)) for key, value in params.items())
@@ -132,7 +133,8 @@ def _param_value(key: object, value: Any) -> str:
     return str(value)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """OmegaConf nodes as plain Python values (resolved); anything else as it is."""
     if isinstance(value, DictConfig | ListConfig):
         return OmegaConf.to_container(value, resolve=True)
     return value
