@@ -39,9 +39,9 @@ from bench.store_fixture import (
     check_fixture,
     query_fingerprints,
 )
+from furcate_hydra.hydra_layer.launch_session import LOOKUP_CHUNK
 from furcate_hydra.store import Action, Rerun, RunStore, Tags, TrackingUri
 from furcate_hydra.store.lookup import _from_search, find_runs
-from hydra_plugins.furcate_launcher._core import LOOKUP_CHUNK
 
 GOAL_SKIP_CHECK_S = 1.0
 # ``launch``'s first lookup covers the idle slots: 2 CPU slots, as in bench/recording.py.

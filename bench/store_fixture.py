@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import RESULTS_DIR
-from furcate_hydra.fingerprint import fingerprint
 from furcate_hydra.store import Tags, flatten_params
+from furcate_hydra.store.fingerprint import fingerprint
 
 __all__ = [
     "EXPERIMENT",

@@ -1,8 +1,11 @@
 """furcate-hydra: run Hydra multirun sweeps of Lightning models on a pool of GPU slots.
 
-The scheduling core (slots, pool, fork server) imports no Hydra; the Hydra plugins live under
-``hydra_plugins/``. Importing this package stays cheap: the fork server is started with
-``python -m furcate_hydra.forkserver.server`` and must not pay for anything it does not use.
+The layers, each a subpackage (ARCHITECTURE.md draws them): ``execution`` runs jobs (slots,
+the local fork-server pool), ``store`` remembers them in MLflow, ``sweeping`` and ``tuning``
+decide what to run, ``lightning`` is the job's side, and ``hydra_layer`` is the only place
+besides ``hydra_plugins/`` that imports Hydra. Importing this package stays cheap: the fork
+server is started as ``python -m furcate_hydra.execution.forkserver.server`` and must not pay
+for anything it does not use.
 """
 
 from __future__ import annotations

@@ -27,11 +27,12 @@ class FurcateConfigError(ValueError):
         super().__init__(f"Invalid {key}={value!r}: {problem}. Fix: {fix}.")
 
 
-def positive_seconds(key: str, value: object, default: float) -> float:
-    """``value`` as seconds, or a FurcateConfigError naming ``key`` when it is not > 0."""
+def positive_seconds(key: str, value: object, example: float) -> float:
+    """``value`` as seconds, or a FurcateConfigError naming ``key`` (and ``example`` as a fix)
+    when it is not > 0."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise FurcateConfigError(
-            key, value, "must be a positive number of seconds", f"set {key}={default:g}"
+            key, value, "must be a positive number of seconds", f"set e.g. {key}={example:g}"
         )
     return float(value)
 

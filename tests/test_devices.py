@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from furcate_hydra.devices import NvmlProbe, normalize_device_id, parse_cuda_visible_devices
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.execution.devices import (
+    NvmlProbe,
+    normalize_device_id,
+    parse_cuda_visible_devices,
+)
 
 UUID = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"
 MIG = "MIG-7a2e1b1c-3d4e-5f60-7182-93a4b5c6d7e8"

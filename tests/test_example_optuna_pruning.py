@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
-from furcate_hydra import job_env
+from furcate_hydra import env_vars
 from furcate_hydra.store import Tags
 from hydra_plugins.furcate_optuna_sweeper._study import Attrs
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialTags
@@ -61,7 +61,7 @@ def test_optuna_pruning_stops_the_bad_trials(tmp_path: Path, mlflow_store: str) 
         assert len(epochs) < EPOCHS, trial
         assert epochs == list(range(len(epochs))), trial
         # stopped at the epoch the pruner named, not earlier than its warmup allows
-        assert trial.system_attrs[job_env.PRUNED_AT_EPOCH_ATTR] == epochs[-1], trial
+        assert trial.system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == epochs[-1], trial
         assert epochs[-1] >= int(CONFIG.hydra.sweeper.pruner.n_warmup_steps), trial
     # no trial is pruned before the pruner's startup trials completed
     startup = int(CONFIG.hydra.sweeper.pruner.n_startup_trials)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.exclusion import ConfigView, parse_exclusions, unknown_keys
+from furcate_hydra.sweeping.exclusion import ConfigView, parse_exclusions, unknown_keys
 
 
 def view(choices: dict[str, Any] | None = None, **config: Any) -> ConfigView:

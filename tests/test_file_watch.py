@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from furcate_hydra.file_watch import FileWatcher
+from furcate_hydra.sweeping.file_watch import FileWatcher
 
 
 def test_a_content_change_is_seen_once(tmp_path: Path) -> None:

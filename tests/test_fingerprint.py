@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from furcate_hydra.fingerprint import fingerprint
+from furcate_hydra.store.fingerprint import fingerprint
 
 CONFIG = {
     "batch_size": 32,
@@ -58,7 +58,7 @@ def test_ignored_keys_do_not_count_and_missing_ones_are_skipped() -> None:
 
 
 def test_same_across_processes_and_hash_seeds() -> None:
-    code = f"from furcate_hydra.fingerprint import fingerprint;print(fingerprint({CONFIG!r}))"
+    code = f"from furcate_hydra.store.fingerprint import fingerprint;print(fingerprint({CONFIG!r}))"
     seen = {
         subprocess.run(
             [sys.executable, "-c", code],

@@ -10,7 +10,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from furcate_hydra.pruners import pruner_from_spec
+from furcate_hydra.hydra_layer.grid import SweeperOptionError
+from furcate_hydra.tuning.pruners import pruner_from_spec
 from hydra_plugins.furcate_optuna_sweeper._space import (
     grid_values,
     override_line,
@@ -22,7 +23,6 @@ from hydra_plugins.furcate_optuna_sweeper.config import (
     NoPrunerConf,
     SuccessiveHalvingPrunerConf,
 )
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
 
 PARSER = OverridesParser.create()
 

@@ -11,6 +11,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import TrialState
 
+from furcate_hydra.hydra_layer.grid import SweeperOptionError
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
 from hydra_plugins.furcate_optuna_sweeper._study import (
@@ -20,7 +21,6 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
     recover_trials,
     sweeper_identity,
 )
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
 from tests.store_helpers import exited_launcher
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

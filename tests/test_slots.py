@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from furcate_hydra.devices import GpuProbe
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.slots import Slot, SlotOptions, SlotPlan, plan_slots
+from furcate_hydra.execution.devices import GpuProbe
+from furcate_hydra.execution.slots import Slot, SlotOptions, SlotPlan, plan_slots
 
 GIB = 2**30
 UUID_A = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from furcate_hydra.sweep_queue import SweepQueue
+from furcate_hydra.sweeping.sweep_queue import SweepQueue
 
 
 def grid(*values: int) -> list[list[str]]:

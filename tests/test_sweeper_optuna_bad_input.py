@@ -10,8 +10,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from furcate_hydra.hydra_layer.grid import SweeperOptionError
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
 from tests.conftest import run_optuna_study as run_study
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs

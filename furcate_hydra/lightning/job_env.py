@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from furcate_hydra import job_env as _names
+from furcate_hydra import env_vars as _names
 
 __all__ = [
     "CHECKPOINT_DIR_VAR",

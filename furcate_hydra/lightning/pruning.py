@@ -30,10 +30,10 @@ import pytorch_lightning as pl
 import sqlalchemy.exc
 from optuna.pruners import BasePruner
 
-from furcate_hydra import job_env
+from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.optuna_storage import rdb_storage
-from furcate_hydra.pruners import pruner_from_spec
+from furcate_hydra.tuning.pruners import pruner_from_spec
+from furcate_hydra.tuning.storage import rdb_storage
 
 __all__ = [
     "MONITOR_VAR",
@@ -47,12 +47,12 @@ __all__ = [
 ]
 
 # one spelling, shared with the sweeper that sets them
-STORAGE_VAR = job_env.OPTUNA_STORAGE
-STUDY_VAR = job_env.OPTUNA_STUDY
-TRIAL_NUMBER_VAR = job_env.OPTUNA_TRIAL_NUMBER
-MONITOR_VAR = job_env.OPTUNA_MONITOR
-PRUNER_VAR = job_env.OPTUNA_PRUNER
-PRUNED_AT_EPOCH_ATTR = job_env.PRUNED_AT_EPOCH_ATTR
+STORAGE_VAR = env_vars.OPTUNA_STORAGE
+STUDY_VAR = env_vars.OPTUNA_STUDY
+TRIAL_NUMBER_VAR = env_vars.OPTUNA_TRIAL_NUMBER
+MONITOR_VAR = env_vars.OPTUNA_MONITOR
+PRUNER_VAR = env_vars.OPTUNA_PRUNER
+PRUNED_AT_EPOCH_ATTR = env_vars.PRUNED_AT_EPOCH_ATTR
 
 _LOCKED_RETRIES = 5
 

@@ -13,7 +13,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 if TYPE_CHECKING:
-    from hydra_plugins.furcate_launcher._core import LaunchSession
+    from furcate_hydra.hydra_layer.launch_session import LaunchSession
 
 
 class FurcateLauncher(Launcher):
@@ -41,7 +41,7 @@ class FurcateLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from hydra_plugins.furcate_launcher._core import launch
+        from furcate_hydra.hydra_layer.launch_session import launch
 
         return launch(self.session(), job_overrides, initial_job_idx)
 
@@ -66,7 +66,7 @@ class FurcateLauncher(Launcher):
     def streaming(self) -> Iterator[None]:
         """Wrap a sweeper's submits and waits: logging and sweep dir first, every job stopped
         on Ctrl-C or SIGTERM, the sweep's run data written at the end."""
-        from hydra_plugins.furcate_launcher._core import streaming
+        from furcate_hydra.hydra_layer.launch_session import streaming
 
         with streaming(self.session()):
             yield
@@ -94,7 +94,7 @@ class FurcateLauncher(Launcher):
     def session(self) -> LaunchSession:
         """The warm pool, started on first use and stopped when the launcher goes away."""
         if self._session is None:
-            from hydra_plugins.furcate_launcher._core import LaunchSession
+            from furcate_hydra.hydra_layer.launch_session import LaunchSession
 
             if self.hydra_context is None or self.task_function is None or self.config is None:
                 raise RuntimeError("FurcateLauncher.setup() must be called before launching jobs")

@@ -26,7 +26,9 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
-from furcate_hydra import job_env
+from furcate_hydra import env_vars
+from furcate_hydra.hydra_layer.exclusion_filter import GridFilter
+from furcate_hydra.hydra_layer.grid import SweeperOptionError
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions, default_storage
 from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
 from hydra_plugins.furcate_optuna_sweeper._results import write_results
@@ -44,8 +46,6 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
 )
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialRuns
 from hydra_plugins.furcate_sweeper._core import StreamingLauncher, _can_stream
-from hydra_plugins.furcate_sweeper._filter import GridFilter
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
 
 __all__ = ["run_study"]
 
@@ -194,11 +194,11 @@ class StudySweep:
         if self.options.monitor is None:
             return []
         env = {
-            job_env.OPTUNA_STORAGE: self.storage,
-            job_env.OPTUNA_STUDY: self.study_name,
-            job_env.OPTUNA_TRIAL_NUMBER: str(trial.number),
-            job_env.OPTUNA_MONITOR: self.options.monitor,
-            job_env.OPTUNA_PRUNER: self.options.pruner_json(),
+            env_vars.OPTUNA_STORAGE: self.storage,
+            env_vars.OPTUNA_STUDY: self.study_name,
+            env_vars.OPTUNA_TRIAL_NUMBER: str(trial.number),
+            env_vars.OPTUNA_MONITOR: self.options.monitor,
+            env_vars.OPTUNA_PRUNER: self.options.pruner_json(),
         }
         # ++: env_set is a struct of str, which takes a new key only this way (and a key the
         # user set is overwritten, not an error)
@@ -248,7 +248,7 @@ class StudySweep:
             )
         else:
             attrs = storage.get_trial(trial._trial_id).system_attrs
-            pruned = job_env.PRUNED_AT_EPOCH_ATTR in attrs
+            pruned = env_vars.PRUNED_AT_EPOCH_ATTR in attrs
         outcome = read_outcome(job_return, self.options.directions, job.label, pruned)
         if run_id is not None:
             trial.set_user_attr(Attrs.MLFLOW_RUN, run_id)

@@ -11,8 +11,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.exclusion import ExclusionRule
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, SweepSpec, plain
+from furcate_hydra.hydra_layer.grid import SweeperOptionError, SweepSpec, plain
+from furcate_hydra.sweeping.exclusion import ExclusionRule
 
 __all__ = ["DIRECTIONS", "OptunaOptions", "default_storage", "job_storage_url"]
 
@@ -89,7 +89,7 @@ class OptunaOptions:
 
     def pruner_object(self) -> Any:
         """The study's pruner, built as each job builds it."""
-        from furcate_hydra.pruners import pruner_from_spec
+        from furcate_hydra.tuning.pruners import pruner_from_spec
 
         return pruner_from_spec(self.pruner)
 
@@ -184,7 +184,7 @@ def _callable(path: Any) -> Callable[[DictConfig, Any], Any] | None:
 
 
 def _check_pruner(spec: dict[str, Any]) -> None:
-    from furcate_hydra.pruners import pruner_from_spec
+    from furcate_hydra.tuning.pruners import pruner_from_spec
 
     try:
         pruner_from_spec(spec)

@@ -28,7 +28,7 @@ from hydra.core.override_parser.types import (
     Transformer,
 )
 
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, parse_sweep_overrides
+from furcate_hydra.hydra_layer.grid import SweeperOptionError, parse_sweep_overrides
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution

@@ -25,9 +25,9 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from furcate_hydra.optuna_storage import rdb_storage
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.records import RunRecord, RunStatus
+from furcate_hydra.tuning.storage import rdb_storage
 
 __all__ = ["Attrs", "StudyState", "open_study", "recover_trials"]
 
@@ -75,7 +75,7 @@ def open_study(
     )
     had = [d.name.lower() for d in study.directions]
     if had != list(directions):
-        from hydra_plugins.furcate_sweeper._grid import SweeperOptionError
+        from furcate_hydra.hydra_layer.grid import SweeperOptionError
 
         raise SweeperOptionError(
             "hydra.sweeper.direction",

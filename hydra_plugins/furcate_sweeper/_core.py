@@ -22,15 +22,15 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
-from furcate_hydra.sweep_queue import SweepQueue
-from hydra_plugins.furcate_sweeper._filter import FilteredGrid, GridFilter
-from hydra_plugins.furcate_sweeper._grid import (
+from furcate_hydra.hydra_layer.exclusion_filter import FilteredGrid, GridFilter
+from furcate_hydra.hydra_layer.grid import (
     COMPOSE_ERRORS,
     SweeperOptionError,
     SweepSpec,
     expand_grid,
     first_line,
 )
+from furcate_hydra.sweeping.sweep_queue import SweepQueue
 from hydra_plugins.furcate_sweeper._live import LiveConfig, primary_config_file
 
 __all__ = ["GridPlanner", "SweepOptions", "run_grid_sweep"]

@@ -21,10 +21,10 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig
 
-from furcate_hydra import job_env
+from furcate_hydra import env_vars
 from furcate_hydra.errors import name_list, positive_seconds
-from furcate_hydra.fingerprint import fingerprint
-from furcate_hydra.pool import JobResult, JobState
+from furcate_hydra.execution.local_pool import JobResult, JobState
+from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.store import (
     Action,
     Decision,
@@ -35,6 +35,7 @@ from furcate_hydra.store import (
     flatten_params,
     resolve_tracking_uri,
 )
+from furcate_hydra.store.fingerprint import fingerprint
 from furcate_hydra.store.run_data import (
     RUN_DATA_CSV,
     RUN_DATA_JSON,
@@ -42,7 +43,6 @@ from furcate_hydra.store.run_data import (
     write_run_data_csv,
     write_run_data_json,
 )
-from hydra_plugins.furcate_launcher._returns import synthetic_job_return
 
 log = logging.getLogger(__name__)
 
@@ -192,13 +192,13 @@ class JobRecorder:
                 item.run_id = self.store.create_job_run(name, tags, params)
             item.env.update(
                 {
-                    job_env.TRACKING_URI: self.store.tracking_uri,
-                    job_env.RUN_ID: item.run_id,
-                    job_env.EXPERIMENT_ID: self.store.experiment_id,
+                    env_vars.TRACKING_URI: self.store.tracking_uri,
+                    env_vars.RUN_ID: item.run_id,
+                    env_vars.EXPERIMENT_ID: self.store.experiment_id,
                 }
             )
-        item.env[job_env.OUTPUT_DIR] = str(job.output_dir)
-        item.env[job_env.CHECKPOINT_DIR] = str(checkpoint_dir)
+        item.env[env_vars.OUTPUT_DIR] = str(job.output_dir)
+        item.env[env_vars.CHECKPOINT_DIR] = str(checkpoint_dir)
         self._in_flight[job.key] = item
 
     def _job_tags(self, item: PreparedJob) -> dict[str, str]:

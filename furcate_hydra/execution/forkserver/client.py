@@ -11,7 +11,7 @@ import time
 from multiprocessing.connection import Connection
 
 from furcate_hydra.errors import ForkServerError
-from furcate_hydra.forkserver.protocol import (
+from furcate_hydra.execution.forkserver.protocol import (
     Init,
     InitFailed,
     Kill,
@@ -37,7 +37,12 @@ class ForkServerClient:
             # Its own session: a Ctrl-C at the terminal reaches the launcher, which then stops
             # the jobs in order, instead of reaching every process at once.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "furcate_hydra.forkserver.server", str(child_sock.fileno())],
+                [
+                    sys.executable,
+                    "-m",
+                    "furcate_hydra.execution.forkserver.server",
+                    str(child_sock.fileno()),
+                ],
                 pass_fds=[child_sock.fileno()],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,

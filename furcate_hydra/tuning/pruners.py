@@ -13,12 +13,12 @@ from typing import Any
 import optuna
 from optuna.pruners import BasePruner
 
-from furcate_hydra import job_env
+from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
 
 __all__ = ["PRUNERS", "pruner_from_spec"]
 
-PRUNER_VAR = job_env.OPTUNA_PRUNER
+PRUNER_VAR = env_vars.OPTUNA_PRUNER
 
 PRUNERS: dict[str, Callable[..., BasePruner]] = {
     "median": optuna.pruners.MedianPruner,

@@ -32,23 +32,23 @@ from furcate_hydra.errors import (
     name_list,
     positive_seconds,
 )
-from furcate_hydra.pool import JobResult, JobSpec, JobState, PoolOptions, SlotPool
-from furcate_hydra.slots import SlotOptions, plan_slots
-from hydra_plugins.furcate_launcher._compose import SweepComposer
-from hydra_plugins.furcate_launcher._job import (
+from furcate_hydra.execution.local_pool import JobResult, JobSpec, JobState, PoolOptions, SlotPool
+from furcate_hydra.execution.slots import SlotOptions, plan_slots
+from furcate_hydra.hydra_layer.compose import SweepComposer
+from furcate_hydra.hydra_layer.job_context import (
     HydraJobContext,
     JobOutcome,
     JobPayload,
     RemoteTraceback,
 )
-from hydra_plugins.furcate_launcher._recording import (
+from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
+from furcate_hydra.hydra_layer.recording import (
     ComposedJob,
     JobRecorder,
     PreparedJob,
     StoreOptions,
 )
-from hydra_plugins.furcate_launcher._returns import synthetic_job_return
-from hydra_plugins.furcate_launcher._task_config import as_job, task_container
+from furcate_hydra.hydra_layer.task_config import as_job, task_container
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Any
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
-from furcate_hydra.exclusion import ABSENT, ConfigView, ExclusionRule, unknown_keys
-from hydra_plugins.furcate_launcher._compose import SweepComposer
-from hydra_plugins.furcate_launcher._task_config import as_job
-from hydra_plugins.furcate_sweeper._grid import SweeperOptionError, plain
+from furcate_hydra.hydra_layer.compose import SweepComposer
+from furcate_hydra.hydra_layer.grid import SweeperOptionError, plain
+from furcate_hydra.hydra_layer.task_config import as_job
+from furcate_hydra.sweeping.exclusion import ABSENT, ConfigView, ExclusionRule, unknown_keys
 
 __all__ = ["FilteredGrid", "GridFilter"]
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import cloudpickle
 
-from furcate_hydra.forkserver.child import run_child
-from furcate_hydra.forkserver.protocol import (
+from furcate_hydra.execution.forkserver.child import run_child
+from furcate_hydra.execution.forkserver.protocol import (
     Exited,
     Init,
     InitFailed,
@@ -45,7 +45,7 @@ from furcate_hydra.forkserver.protocol import (
     Stopped,
     WarmContext,
 )
-from furcate_hydra.forkserver.tee import OutputTee
+from furcate_hydra.execution.forkserver.tee import OutputTee
 
 __all__ = ["main"]
 
@@ -265,7 +265,7 @@ def _killpg(pgid: int, signum: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``python -m furcate_hydra.forkserver.server <socket fd>``."""
+    """Entry point: ``python -m furcate_hydra.execution.forkserver.server <socket fd>``."""
     conn = Connection(int(argv[1]))
     # The launcher owns the terminal's Ctrl-C and decides when jobs stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

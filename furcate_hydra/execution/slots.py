@@ -7,13 +7,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from furcate_hydra.devices import (
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.execution.devices import (
     GpuProbe,
     NvmlProbe,
     normalize_device_id,
     parse_cuda_visible_devices,
 )
-from furcate_hydra.errors import FurcateConfigError
 
 __all__ = ["Slot", "SlotOptions", "SlotPlan", "plan_slots"]
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.exclusion import ExclusionRule, parse_exclusions
+from furcate_hydra.sweeping.exclusion import ExclusionRule, parse_exclusions
 
 __all__ = [
     "COMPOSE_ERRORS",

@@ -26,10 +26,10 @@ from typing import Any
 
 import cloudpickle
 
-from furcate_hydra.exits import describe_wait_status
-from furcate_hydra.forkserver import ChildReport, ForkServerClient
-from furcate_hydra.forkserver.protocol import Exited, Start, Started, StartFailed
-from furcate_hydra.slots import Slot, SlotPlan
+from furcate_hydra.execution.exits import describe_wait_status
+from furcate_hydra.execution.forkserver import ChildReport, ForkServerClient
+from furcate_hydra.execution.forkserver.protocol import Exited, Start, Started, StartFailed
+from furcate_hydra.execution.slots import Slot, SlotPlan
 
 __all__ = ["JobResult", "JobSpec", "JobState", "PoolOptions", "SlotPool"]
 

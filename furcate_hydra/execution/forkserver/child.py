@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import cloudpickle
 
 from furcate_hydra.atomic import atomic_write_bytes
-from furcate_hydra.forkserver.protocol import ChildReport, Start, WarmContext
+from furcate_hydra.execution.forkserver.protocol import ChildReport, Start, WarmContext
 
 __all__ = ["CHILD_SETUP_FAILED", "run_child"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from furcate_hydra.forkserver.client import ForkServerClient
-from furcate_hydra.forkserver.protocol import ChildReport, WarmContext
+from furcate_hydra.execution.forkserver.client import ForkServerClient
+from furcate_hydra.execution.forkserver.protocol import ChildReport, WarmContext
 
 __all__ = ["ChildReport", "ForkServerClient", "WarmContext"]
