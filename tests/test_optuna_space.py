@@ -10,7 +10,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
+from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.tuning.pruners import pruner_from_spec
 from hydra_plugins.furcate_optuna_sweeper._space import (
     grid_values,
@@ -74,7 +74,7 @@ def test_fixed_values_pass_through_and_the_command_line_wins() -> None:
     ],
 )
 def test_bad_search_spaces_name_the_key_and_the_fix(value: str, message: str) -> None:
-    with pytest.raises(SweeperOptionError) as error:
+    with pytest.raises(OptionError) as error:
         space(x=value)
     assert error.value.key == "hydra.sweeper.params.x"
     assert message in str(error.value) and "Fix:" in str(error.value)
@@ -93,7 +93,7 @@ def test_grid_values_list_every_value_hydra_would() -> None:
     parsed = space(x="range(-1.0, 1.0, step=0.5)", n="int(interval(1, 3))", o="choice(a, b)")
     grids = {k: grid_values(k, d) for k, d in parsed.distributions.items()}
     assert grids == {"x": [-1.0, -0.5, 0.0, 0.5], "n": [1, 2, 3], "o": ["a", "b"]}
-    with pytest.raises(SweeperOptionError, match="the grid sampler needs"):
+    with pytest.raises(OptionError, match="the grid sampler needs"):
         grid_values("lr", space(lr="interval(0.1, 1.0)").distributions["lr"])
 
 

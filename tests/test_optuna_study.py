@@ -11,7 +11,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import TrialState
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
+from furcate_hydra.hydra_layer.options import OptionError
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
 from hydra_plugins.furcate_optuna_sweeper._study import (
@@ -80,7 +80,7 @@ def test_what_counts_toward_n_trials(tmp_path: Path) -> None:
 
 def test_a_study_cannot_change_its_directions(tmp_path: Path) -> None:
     new_study(tmp_path)
-    with pytest.raises(SweeperOptionError, match="differs from the directions study 's'"):
+    with pytest.raises(OptionError, match="differs from the directions study 's'"):
         new_study(tmp_path, ("maximize",))
 
 

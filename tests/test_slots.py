@@ -10,7 +10,8 @@ import pytest
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.devices import GpuProbe
-from furcate_hydra.execution.slots import Slot, SlotOptions, SlotPlan, plan_slots
+from furcate_hydra.execution.slots import Slot, SlotPlan, plan_slots
+from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 GIB = 2**30
 UUID_A = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"
@@ -39,7 +40,7 @@ def plan(
     """Plan with no CUDA_VISIBLE_DEVICES, no GPU and 8 cores unless told otherwise."""
     cpus = kw.pop("cpus", list(range(8)))
     return plan_slots(
-        SlotOptions(**kw),
+        FurcateLauncher.parse_options(kw).slots,
         environ={} if environ is None else environ,
         probe=probe or FakeProbe([]),
         available_cpus=cpus,

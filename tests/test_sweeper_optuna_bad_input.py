@@ -10,8 +10,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
-from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
+from furcate_hydra.hydra_layer.options import OptionError
+from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from tests.conftest import run_optuna_study as run_study
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs
@@ -79,8 +79,8 @@ def test_bad_options_stop_before_any_trial(
     ],
 )
 def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], expected: str) -> None:
-    with pytest.raises(SweeperOptionError) as raised:
-        OptunaOptions.parse({"pruner": {"name": "none"}, **options})
+    with pytest.raises(OptionError) as raised:
+        FurcateOptunaSweeper.parse_options({"pruner": {"name": "none"}, **options})
     assert expected in str(raised.value)
     assert "Fix: " in str(raised.value)
 

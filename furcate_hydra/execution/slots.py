@@ -45,15 +45,16 @@ class Slot:
 
 @dataclass(frozen=True)
 class SlotOptions:
-    """Launcher options that shape the slots; see ``plan_slots`` for their meaning."""
+    """Launcher options that shape the slots (``hydra.launcher`` keys of the same names, whose
+    defaults live in the launcher's config); see ``plan_slots`` for their meaning."""
 
-    gpus: Sequence[int | str] | str | None = None
-    jobs_per_gpu: int | None = None
-    gpu_mem_per_job_gb: float | None = None
-    max_jobs_per_gpu: int = 8
-    max_workers: int | None = None
-    cpus_per_job: int | None = None
-    allow_cpu: bool = True
+    gpus: Sequence[int | str] | str | None
+    jobs_per_gpu: int | None
+    gpu_mem_per_job_gb: float | None
+    max_jobs_per_gpu: int
+    max_workers: int | None
+    cpus_per_job: int | None
+    allow_cpu: bool
 
 
 @dataclass(frozen=True)

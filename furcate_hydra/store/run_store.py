@@ -50,7 +50,8 @@ class RunStore:
         experiment_name: str,
         heartbeat_s: float,
         stale_after_s: float,
-        sqlite_wal: bool = True,
+        *,
+        sqlite_wal: bool,
     ) -> None:
         from mlflow.tracking import MlflowClient
 

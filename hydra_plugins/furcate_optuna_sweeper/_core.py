@@ -15,20 +15,20 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, filter_overrides
 from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
 from furcate_hydra.hydra_layer.exclusion_filter import GridFilter
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
+from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
+from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions, default_storage
 from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
 from hydra_plugins.furcate_optuna_sweeper._results import write_results
@@ -45,7 +45,6 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
     sweeper_identity,
 )
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialRuns
-from hydra_plugins.furcate_sweeper._core import StreamingLauncher, _can_stream
 
 __all__ = ["run_study"]
 
@@ -60,24 +59,34 @@ class TrialJob:
     trial: optuna.Trial
     num: int
     task: tuple[str, ...]  # the overrides of the task's config
-    overrides: list[str]  # what the launcher gets: the task's, then the job's environment
+    env: dict[str, str]  # the job's trial, for its pruning callback
     label: str
+
+    def request(self) -> JobRequest:
+        """The job for a streaming launcher, which sets the trial's variables itself."""
+        return JobRequest(self.task, self.num, self.env)
+
+    def batch_overrides(self) -> list[str]:
+        """The job for any launcher: Hydra's ``hydra.job.env_set`` takes it its trial.
+
+        ``++``: env_set is a struct of str, which takes a new key only this way (and a key the
+        user set is overwritten, not an error).
+        """
+        env = [override_line(f"++hydra.job.env_set.{k}", v) for k, v in self.env.items()]
+        return [*self.task, *env]
 
 
 class StudySweep:
     """One sweep's study: asks trials as jobs, tells their returns, counts toward n_trials."""
 
     def __init__(
-        self,
-        options: OptunaOptions,
-        hydra_context: HydraContext,
-        config: DictConfig,
-        launcher: Launcher,
-        arguments: Sequence[str],
+        self, options: OptunaOptions, context: SweepContext, arguments: Sequence[str]
     ) -> None:
         self.options = options
+        hydra_context, config = context.hydra_context, context.config
         self.config = config
-        self.launcher = launcher
+        self.launcher = context.launcher
+        self.streaming = as_streaming(context.launcher)
         parser = OverridesParser.create(config_loader=hydra_context.config_loader)
         self.space = parse_search_space(dict(options.params), arguments, parser)
         self.filter = GridFilter(hydra_context, config) if options.rules else None
@@ -119,7 +128,7 @@ class StudySweep:
     def runs(self) -> TrialRuns | None:
         """The trials' MLflow runs, with the furcate launcher recording; looked up on first use,
         since asking the launcher starts its pool."""
-        tracking = getattr(self.launcher, "tracking_uri", None)
+        tracking = self.streaming.tracking_uri if self.streaming is not None else None
         return TrialRuns(tracking, self.study_name) if tracking else None
 
     # -- asking ------------------------------------------------------------------------
@@ -138,7 +147,7 @@ class StudySweep:
             self._set_attr(trial, Attrs.EXCLUDED, rule)
             self.study.tell(trial, state=TrialState.FAIL)
             log.info("furcate_optuna: trial %d excluded by %s, resampling", trial.number, rule)
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.exclude",
             [str(rule) for rule in self.options.rules],
             f"matched {self.options.max_resamples} sampled configs in a row: the search space "
@@ -157,7 +166,7 @@ class StudySweep:
         fixed_keys = {line.partition("=")[0] for line in self.space.fixed}
         if overlap := sorted(fixed_keys & set(trial.params)):
             self.study.tell(trial, state=TrialState.FAIL)
-            raise SweeperOptionError(
+            raise OptionError(
                 "hydra.sweeper.custom_search_space",
                 overlap,
                 "suggests params that hydra.sweeper.params fixes",
@@ -183,26 +192,27 @@ class StudySweep:
         num = leader.num if leader is not None else self.next_num
         if leader is None:
             self.next_num += 1
-        overrides = [*task, *self._env_overrides(trial)]
         label = " ".join(filter_overrides(task)) or "no overrides"
         return TrialJob(
-            trial, num, tuple(task), overrides, f"job #{num} (trial {trial.number}: {label})"
+            trial,
+            num,
+            tuple(task),
+            self._trial_env(trial),
+            f"job #{num} (trial {trial.number}: {label})",
         )
 
-    def _env_overrides(self, trial: optuna.Trial) -> list[str]:
-        """Hydra's ``hydra.job.env_set`` takes the job its trial: any launcher passes it on."""
+    def _trial_env(self, trial: optuna.Trial) -> dict[str, str]:
+        """What the job's pruning callback reads to report to its trial (nothing to report
+        without a monitored metric)."""
         if self.options.monitor is None:
-            return []
-        env = {
+            return {}
+        return {
             env_vars.OPTUNA_STORAGE: self.storage,
             env_vars.OPTUNA_STUDY: self.study_name,
             env_vars.OPTUNA_TRIAL_NUMBER: str(trial.number),
             env_vars.OPTUNA_MONITOR: self.options.monitor,
             env_vars.OPTUNA_PRUNER: self.options.pruner_json(),
         }
-        # ++: env_set is a struct of str, which takes a new key only this way (and a key the
-        # user set is overwritten, not an error)
-        return [override_line(f"++hydra.job.env_set.{k}", v) for k, v in env.items()]
 
     def _copy_reports_of_retried(self, trial: optuna.Trial) -> None:
         """A re-tried trial's job resumes at the epoch its predecessor reached: the pruner
@@ -224,8 +234,9 @@ class StudySweep:
         config ran) is told its leader's outcome, which the leader was told first."""
         trial = job.trial
         run_id, skipped = (None, False)
-        if hasattr(self.launcher, "job_run"):
-            run_id, skipped = self.launcher.job_run(key)
+        if self.streaming is not None:
+            run = self.streaming.job_run(key)
+            run_id, skipped = run.run_id, run.skipped
         storage = self.study._storage
         if leader is not None:
             ran = storage.get_trial(leader.trial._trial_id)
@@ -373,25 +384,20 @@ def _json(value: Any) -> str:
 
 
 def run_study(
-    options: OptunaOptions,
-    hydra_context: HydraContext,
-    config: DictConfig,
-    launcher: Launcher,
-    arguments: Sequence[str],
+    options: OptunaOptions, context: SweepContext, arguments: Sequence[str]
 ) -> list[list[JobReturn]]:
     """Run the trials the study is missing; write and log its results; returns in job order."""
-    sweep = StudySweep(options, hydra_context, config, launcher, arguments)
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    sweep = StudySweep(options, context, arguments)
+    sweep_dir = save_multirun_config(context.config).sweep_dir
+    streaming = sweep.streaming
     if sweep.to_start:
-        if options.asynchronous and _can_stream(launcher):
-            _stream(sweep, cast(StreamingLauncher, launcher))
+        if options.asynchronous and streaming is not None:
+            _stream(sweep, streaming)
         else:
-            _batches(sweep, launcher)
+            _batches(sweep, context.launcher)
     results = write_results(sweep.study, sweep_dir)
-    ran = sweep.started > 0 and _can_stream(launcher)
-    sweep_run = getattr(launcher, "sweep_run_id", None) if ran and sweep.runs is not None else None
+    ran = sweep.started > 0 and streaming is not None
+    sweep_run = streaming.sweep_run_id if ran and streaming and sweep.runs else None
     if results is not None and sweep_run and sweep.runs is not None:
         sweep.runs.log_results(sweep_run, results.files, results.tags)
     returns = [sweep.returns[num] for num in sorted(sweep.returns)]
@@ -419,7 +425,7 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
     stopping = False
     try:
         with launcher.streaming():
-            concurrency = _concurrency(sweep, int(launcher.slot_count))
+            concurrency = _concurrency(sweep, launcher.slot_count)
             while in_flight or (sweep.started < sweep.to_start and not stopping):
                 done: list[tuple[str, JobReturn]] = []
                 if len(in_flight) < concurrency and sweep.started < sweep.to_start and not stopping:
@@ -430,7 +436,7 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                         followers.setdefault(key, []).append(sweep.job(trial, task, leader))
                         continue
                     job = sweep.job(trial, task)
-                    (key,) = launcher.submit_batch([(job.overrides, job.num)])
+                    (key,) = launcher.submit_batch([job.request()])
                     in_flight[key] = job
                     done = launcher.wait_any(timeout=0)  # a recorded config comes back at once
                 else:
@@ -456,13 +462,13 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
 
 def _batches(sweep: StudySweep, launcher: Launcher) -> None:
     """hydra-optuna-sweeper's loop: ask a batch, launch it, wait for all of it, tell it."""
-    slots = int(getattr(launcher, "slot_count", 1)) if _can_stream(launcher) else 1
+    slots = sweep.streaming.slot_count if sweep.streaming is not None else 1
     size = sweep.options.n_jobs or slots
     while sweep.started < sweep.to_start:
         count = min(size, sweep.to_start - sweep.started)
         jobs = [sweep.job(*sweep.ask()) for _ in range(count)]
         try:
-            results = launcher.launch([job.overrides for job in jobs], jobs[0].num)
+            results = launcher.launch([job.batch_overrides() for job in jobs], jobs[0].num)
         except BaseException as exc:
             sweep.interrupted(jobs, f"sweep stopped: {type(exc).__name__}")
             raise

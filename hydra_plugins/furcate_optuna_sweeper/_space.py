@@ -28,7 +28,8 @@ from hydra.core.override_parser.types import (
     Transformer,
 )
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError, parse_sweep_overrides
+from furcate_hydra.hydra_layer.grid import parse_sweep_overrides
+from furcate_hydra.hydra_layer.options import OptionError
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -90,7 +91,7 @@ def grid_values(key: str, distribution: BaseDistribution) -> list[Any]:
         count = round((distribution.high - distribution.low) / step) + 1
         # from the low end each time, so float steps do not add up errors
         return [round(distribution.low + i * step, 12) for i in range(count)]
-    raise SweeperOptionError(
+    raise OptionError(
         f"hydra.sweeper.params.{key}",
         repr(distribution),
         "has no list of values, which the grid sampler needs",
@@ -127,11 +128,11 @@ def _distribution(source: str, override: Override) -> BaseDistribution:
         assert low is not None and high is not None
         log = "log" in sweep.tags
         if not low < high:
-            raise SweeperOptionError(
+            raise OptionError(
                 source, text, "needs its low end below its high end", "write interval(low, high)"
             )
         if log and low <= 0:
-            raise SweeperOptionError(
+            raise OptionError(
                 source, text, "is log-scaled, so its low end must be above 0", "e.g. 1e-5"
             )
         if isinstance(low, int) and isinstance(high, int):
@@ -140,7 +141,7 @@ def _distribution(source: str, override: Override) -> BaseDistribution:
     if isinstance(sweep, RangeSweep) and not sweep.shuffle:
         values: list[Any] = list(override.sweep_iterator())
         if not values:
-            raise SweeperOptionError(source, text, "lists no values", "e.g. range(1, 10)")
+            raise OptionError(source, text, "lists no values", "e.g. range(1, 10)")
         step = abs(sweep.step)
         # Hydra's range leaves out its stop; Optuna's high is the last value it may sample.
         first, last = min(values), max(values)
@@ -150,9 +151,9 @@ def _distribution(source: str, override: Override) -> BaseDistribution:
     if isinstance(sweep, ChoiceSweep | RangeSweep | Glob):
         choices = list(override.sweep_iterator(transformer=Transformer.encode))
         if not choices:
-            raise SweeperOptionError(source, text, "lists no values", "e.g. choice(a, b)")
+            raise OptionError(source, text, "lists no values", "e.g. choice(a, b)")
         return CategoricalDistribution(choices)  # type: ignore[arg-type]
-    raise SweeperOptionError(
+    raise OptionError(
         source,
         text,
         "is not a search space Optuna can sample",

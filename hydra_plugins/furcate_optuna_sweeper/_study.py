@@ -75,9 +75,9 @@ def open_study(
     )
     had = [d.name.lower() for d in study.directions]
     if had != list(directions):
-        from furcate_hydra.hydra_layer.grid import SweeperOptionError
+        from furcate_hydra.hydra_layer.options import OptionError
 
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.direction",
             list(directions),
             f"differs from the directions study {study_name!r} in {storage_url} was created "
