@@ -22,16 +22,19 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.lightning import (
-    POINTER_NAME,
     AtomicCheckpoint,
     CheckpointCorruptWarning,
     FitResult,
     JobEnv,
+    fit,
+)
+from furcate_hydra.lightning._checkpoint import (
+    POINTER_NAME,
     final_checkpoint,
     find_resume_checkpoint,
-    fit,
     read_pointer,
 )
+from furcate_hydra.progress import read_progress
 
 BATCHES_PER_EPOCH = 4
 OPTIONS: dict[str, Any] = {
@@ -257,3 +260,13 @@ def test_restart_from_scratch_never_prunes_the_pointed_file(tmp_path: Path) -> N
 def test_keep_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(FurcateConfigError, match=r"keep=0"):
         AtomicCheckpoint(tmp_path, keep=0)
+
+
+def test_fit_keeps_the_jobs_progress_file_current(tmp_path: Path) -> None:
+    env = standalone_env(tmp_path)
+    _, result = run_fit(env, max_epochs=2)
+    progress = read_progress(env.paths.progress)
+    assert progress is not None
+    # written at the last epoch's end: its epoch, every step of both epochs, its metrics
+    assert (progress.epoch, progress.step) == (1, 2 * BATCHES_PER_EPOCH)
+    assert progress.metrics == pytest.approx(result.metrics)

@@ -9,13 +9,8 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from furcate_hydra.lightning import (
-    AtomicCheckpoint,
-    MetricsHistory,
-    metric_families,
-    plot_history,
-    split_metric_name,
-)
+from furcate_hydra.lightning import AtomicCheckpoint, MetricsHistory
+from furcate_hydra.lightning._plots import metric_families, plot_history, split_metric_name
 from tests.test_lightning_checkpoint import (
     BATCHES_PER_EPOCH,
     OPTIONS,

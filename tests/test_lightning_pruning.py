@@ -13,7 +13,7 @@ import pytest
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.lightning import OptunaPruning
-from furcate_hydra.lightning.pruning import (
+from furcate_hydra.lightning._pruning import (
     MONITOR_VAR,
     PRUNED_AT_EPOCH_ATTR,
     PRUNER_VAR,

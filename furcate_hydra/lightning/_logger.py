@@ -16,7 +16,7 @@ from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 from pytorch_lightning.loggers import MLFlowLogger
 from pytorch_lightning.utilities import rank_zero_only
 
-from furcate_hydra.lightning.job_env import JobEnv
+from furcate_hydra.lightning._job_env import JobEnv
 
 __all__ = ["RunBoundMLFlowLogger"]
 
