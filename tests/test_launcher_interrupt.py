@@ -4,33 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import APPS
+from tests.process_helpers import start_probe_sweep, still_alive, wait_for_descendants
 from tests.store_helpers import job_runs
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = [child.pid for child in launcher.children(recursive=True)]
-        if len(pids) >= count:
-            return pids
-        time.sleep(0.1)
-    raise AssertionError(f"only {len(launcher.children(recursive=True))} descendants appeared")
 
 
 @pytest.mark.parametrize(
@@ -47,27 +28,16 @@ def _wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) 
 def test_interrupt_leaves_no_process_behind(
     tmp_path: Path, mlflow_store: str, how: str, sweeper: str
 ) -> None:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "probe_app.py"),
-            "-m",
-            f"hydra/sweeper={sweeper}",
-            "mode=spawn_and_hang",
-            "+i=0,1",
-            "hydra.launcher.gpus=[0,1]",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        # its own process group, like a foreground job in a terminal
-        start_new_session=True,
+    process = start_probe_sweep(
+        tmp_path,
+        f"hydra/sweeper={sweeper}",
+        "mode=spawn_and_hang",
+        "+i=0,1",
+        "hydra.launcher.gpus=[0,1]",
     )
     try:
         # fork server + 2 jobs + 2 children per job
-        descendants = _wait_for_descendants(psutil.Process(process.pid), 7, timeout=60)
+        descendants = wait_for_descendants(psutil.Process(process.pid), 7, timeout=60)
         time.sleep(0.5)
         began = time.monotonic()
         if how == "ctrl_c":
@@ -83,10 +53,7 @@ def test_interrupt_leaves_no_process_behind(
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in descendants if _alive(pid)] == []
+    assert still_alive(descendants) == []
     assert process.returncode != 0
     assert took < 15, f"stopping took {took:.1f} s; stderr:\n{stderr.decode()}"
     if how != "sigkill":  # a launcher that could clean up recorded what it stopped

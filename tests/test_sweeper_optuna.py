@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra.store import RunStatus
-from tests.conftest import APPS
 from tests.conftest import run_optuna_study as run_study
+from tests.process_helpers import start_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
 from tests.sweeper_helpers import ran_jobs
 
@@ -229,20 +228,7 @@ def test_several_directions_write_the_pareto_set(tmp_path: Path, mlflow_store: s
 def start_study(tmp_path: Path, *overrides: str) -> subprocess.Popen[bytes]:
     """The study's sweep in the background, in its own process group (a terminal's foreground
     job), so that a test can Ctrl-C or kill it."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "optuna_app.py"),
-            "-m",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            *overrides,
-        ],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    return start_sweep("optuna_app.py", tmp_path, *overrides, stderr=subprocess.DEVNULL)
 
 
 def _running_trials(tmp_path: Path) -> int:

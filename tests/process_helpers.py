@@ -1,0 +1,63 @@
+"""Start a probe-app sweep as a user's terminal would, and watch its processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import APPS
+
+
+def start_sweep(
+    app: str, tmp_path: Path, *overrides: str, stderr: int = subprocess.PIPE
+) -> subprocess.Popen[bytes]:
+    """``python <app> -m <overrides>`` in the background, in tmp_path, its sweep dir at
+    tmp_path/sweep, in its own process group (a terminal's foreground job), so that a test can
+    Ctrl-C or kill it. Read a piped stderr with ``communicate``."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(APPS / app),
+            "-m",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            *overrides,
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
+    )
+
+
+def start_probe_sweep(tmp_path: Path, *overrides: str) -> subprocess.Popen[bytes]:
+    return start_sweep("probe_app.py", tmp_path, *overrides)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def still_alive(pids: list[int], timeout: float = 10) -> list[int]:
+    """The pids still running once they all ended or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
+def wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [child.pid for child in launcher.children(recursive=True)]
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError(f"only {len(launcher.children(recursive=True))} descendants appeared")
