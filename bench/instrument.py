@@ -174,12 +174,10 @@ def instrument(launcher: FurcateLauncher, timers: Timers, jobs: list[JobTimes]) 
     session = launcher.session()
 
     def note(args: tuple[Any, ...]) -> None:
-        _key, result, job_return = args
+        job, job_return = args
         value = job_return._return_value if job_return.status.name == "COMPLETED" else None
         entered = value.get("entered_at") if isinstance(value, dict) else None
-        jobs.append(
-            JobTimes(result.started_at, entered or result.started_at, result.ended_at, time.time())
-        )
+        jobs.append(JobTimes(job.started_at, entered or job.started_at, job.ended_at, time.time()))
 
     for where, names in TARGETS.items():
         owner: Any = session

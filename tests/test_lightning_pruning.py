@@ -11,17 +11,10 @@ from pathlib import Path
 import optuna
 import pytest
 
+from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.lightning import OptunaPruning
-from furcate_hydra.lightning._pruning import (
-    MONITOR_VAR,
-    PRUNED_AT_EPOCH_ATTR,
-    PRUNER_VAR,
-    STORAGE_VAR,
-    STUDY_VAR,
-    TRIAL_NUMBER_VAR,
-    pruner_from_spec,
-)
+from furcate_hydra.tuning.pruners import pruner_from_spec
 from tests.test_lightning_checkpoint import run_fit, standalone_env
 
 STUDY = "sweep"
@@ -65,7 +58,7 @@ def test_a_trial_worse_than_the_median_stops_early_and_says_so(tmp_path: Path) -
     assert trial.intermediate_values == pruning.reported
     assert list(pruning.reported) == [0]
     assert pruning.reported[0] > 0.001
-    assert trial.system_attrs[PRUNED_AT_EPOCH_ATTR] == 0
+    assert trial.system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
     # the job only stops; telling the trial PRUNED is the sweeper's part
     assert trial.state == optuna.trial.TrialState.RUNNING
     assert result.checkpoint_path is not None
@@ -83,7 +76,7 @@ def test_a_good_trial_runs_every_epoch(tmp_path: Path) -> None:
     trial = stored_trial(url, number)
     assert trial.intermediate_values == pruning.reported
     assert sorted(pruning.reported) == [0, 1, 2]
-    assert PRUNED_AT_EPOCH_ATTR not in trial.system_attrs
+    assert env_vars.PRUNED_AT_EPOCH_ATTR not in trial.system_attrs
 
 
 def test_a_missing_metric_names_it_and_the_available_ones(tmp_path: Path) -> None:
@@ -95,17 +88,19 @@ def test_a_missing_metric_names_it_and_the_available_ones(tmp_path: Path) -> Non
 
 def test_from_environ_is_none_outside_the_optuna_sweeper() -> None:
     assert OptunaPruning.from_environ({}) is None
-    assert OptunaPruning.from_environ({STORAGE_VAR: "", STUDY_VAR: ""}) is None
+    assert (
+        OptunaPruning.from_environ({env_vars.OPTUNA_STORAGE: "", env_vars.OPTUNA_STUDY: ""}) is None
+    )
 
 
 def test_from_environ_builds_the_callback_and_its_pruner() -> None:
     pruning = OptunaPruning.from_environ(
         {
-            STORAGE_VAR: "sqlite:///optuna.db",
-            STUDY_VAR: STUDY,
-            TRIAL_NUMBER_VAR: "7",
-            MONITOR_VAR: "val_loss",
-            PRUNER_VAR: json.dumps({"name": "percentile", "percentile": 25.0}),
+            env_vars.OPTUNA_STORAGE: "sqlite:///optuna.db",
+            env_vars.OPTUNA_STUDY: STUDY,
+            env_vars.OPTUNA_TRIAL_NUMBER: "7",
+            env_vars.OPTUNA_MONITOR: "val_loss",
+            env_vars.OPTUNA_PRUNER: json.dumps({"name": "percentile", "percentile": 25.0}),
         }
     )
     assert pruning is not None
@@ -121,9 +116,14 @@ def test_from_environ_builds_the_callback_and_its_pruner() -> None:
 @pytest.mark.parametrize(
     ("env", "match"),
     [
-        ({STORAGE_VAR: "sqlite:///x.db"}, "FURCATE_OPTUNA_STUDY"),
+        ({env_vars.OPTUNA_STORAGE: "sqlite:///x.db"}, "FURCATE_OPTUNA_STUDY"),
         (
-            {STORAGE_VAR: "s", STUDY_VAR: "s", TRIAL_NUMBER_VAR: "first", MONITOR_VAR: "m"},
+            {
+                env_vars.OPTUNA_STORAGE: "s",
+                env_vars.OPTUNA_STUDY: "s",
+                env_vars.OPTUNA_TRIAL_NUMBER: "first",
+                env_vars.OPTUNA_MONITOR: "m",
+            },
             "FURCATE_OPTUNA_TRIAL_NUMBER='first'",
         ),
     ],
