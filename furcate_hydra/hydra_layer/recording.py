@@ -11,14 +11,17 @@ record(job, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artif
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra import env_vars
+from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.hydra_layer.launcher_options import StoreOptions
@@ -34,7 +37,12 @@ from furcate_hydra.store import (
     resolve_tracking_uri,
 )
 from furcate_hydra.store.fingerprint import fingerprint
-from furcate_hydra.store.run_data import JobRow, write_run_data_csv, write_run_data_json
+from furcate_hydra.store.run_data import (
+    JobRow,
+    update_run_data_metrics,
+    write_run_data_csv,
+    write_run_data_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,23 +94,33 @@ class JobRecorder:
         record = decision.record
         if decision.action is Action.SKIP and record is not None and self.store is not None:
             value = self.store.recorded_return_value(record)
-            output_dir = JobPaths.of(record.output_dir or job.paths.output_dir).output_dir
+            recorded = JobPaths.of(record.output_dir or job.paths.output_dir).output_dir
             job.run_id, job.skipped = record.run_id, True
-            self._add_row(job, RunStatus.FINISHED, value, None)
-            return synthetic_job_return(job.config, output_dir, JobStatus.COMPLETED, value)
+            row = self._add_row(job, RunStatus.FINISHED, value, None)
+            job_return = synthetic_job_return(job.config, recorded, JobStatus.COMPLETED, value)
+            self._write_skipped_job_dir(job, row, job_return, recorded)
+            self._metrics_pending.add(record.run_id)
+            return job_return
         if decision.action is Action.REPORT_FAILURE and record is not None:
             error = RuntimeError(
                 f"Job {job.name} is {decision.reason} in MLflow run {record.run_id} and "
                 "hydra.launcher.rerun=none; set hydra.launcher.rerun=failed to run it again"
             )
             job.run_id, job.skipped = record.run_id, True
-            self._add_row(job, record.status, None, str(error))
-            return synthetic_job_return(job.config, job.paths.output_dir, JobStatus.FAILED, error)
+            row = self._add_row(job, record.status, None, str(error))
+            job_return = synthetic_job_return(
+                job.config, job.paths.output_dir, JobStatus.FAILED, error
+            )
+            ran_in = Path(record.output_dir) if record.output_dir else None
+            self._write_skipped_job_dir(job, row, job_return, ran_in)
+            return job_return
         if self.store is not None:
             resumed = record if decision.action is Action.RESUME else None
             if resumed is not None and resumed.checkpoint_dir:
-                # the run keeps its checkpoints where its first attempt wrote them
+                # the run keeps its checkpoints where its first attempt wrote them; the new job
+                # dir points there, so its checkpoints are found beside its other outputs
                 job.paths = JobPaths.of(job.paths.output_dir, resumed.checkpoint_dir)
+                _link_checkpoints(job.paths)
             tags = {**self._job_tags(job), Tags.CHECKPOINT_DIR: str(job.paths.checkpoint_dir)}
             if resumed is not None:
                 job.run_id = self.store.reopen_job_run(resumed, tags)
@@ -121,6 +139,27 @@ class JobRecorder:
         job.env[env_vars.OUTPUT_DIR] = str(job.paths.output_dir)
         job.env[env_vars.CHECKPOINT_DIR] = str(job.paths.checkpoint_dir)
         return None
+
+    def _write_skipped_job_dir(
+        self, job: JobRecord, row: JobRow, job_return: JobReturn, recorded: Path | None
+    ) -> None:
+        """A job that did not run still gets its dir: Hydra's ``.hydra/`` files, as run_job
+        writes them, and a ``run_data.json`` that names the run it was taken from."""
+        output_dir = job.paths.output_dir
+        subdir = job.config.hydra.output_subdir
+        if subdir is not None:
+            hydra_dir = output_dir / str(subdir)
+            hydra_dir.mkdir(parents=True, exist_ok=True)
+            for name, node in (
+                ("config.yaml", job_return.cfg),
+                ("hydra.yaml", job_return.hydra_cfg),
+                ("overrides.yaml", job.config.hydra.overrides.task),
+            ):
+                text = OmegaConf.to_yaml(node).encode()
+                atomic_write_bytes(hydra_dir / name, text, durable=False)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        details = {"recorded_output_dir": None if recorded is None else str(recorded)}
+        write_run_data_json(job.paths.run_data, row, job.task_config, details)
 
     def _job_tags(self, job: JobRecord) -> dict[str, str]:
         return {
@@ -180,8 +219,9 @@ class JobRecorder:
         if self.store is not None and self._metrics_pending:
             metrics = self.store.latest_metrics(self._metrics_pending)
             for row in self._rows.values():
-                if row.run_id in metrics:
+                if row.run_id in metrics and row.run_id in self._metrics_pending:
                     row.metrics = metrics[row.run_id]
+                    update_run_data_metrics(Path(row.output_dir) / JobPaths.RUN_DATA, row.metrics)
             self._metrics_pending.clear()
         path = self.sweep.run_data_csv
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,3 +290,15 @@ def _details(job: JobRecord) -> dict[str, Any]:
         "stdout": str(job.paths.stdout),
         "stderr": str(job.paths.stderr),
     }
+
+
+def _link_checkpoints(paths: JobPaths) -> None:
+    """``<job dir>/checkpoints`` → the run's checkpoint dir, unless the job dir has its own."""
+    link = paths.output_dir / JobPaths.CHECKPOINTS
+    if link == paths.checkpoint_dir or os.path.lexists(link):
+        return
+    paths.output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(paths.checkpoint_dir, target_is_directory=True)
+    except OSError as exc:  # a file system without links: the run's tag still says where
+        log.warning("furcate: could not link %s to %s: %s", link, paths.checkpoint_dir, exc)
