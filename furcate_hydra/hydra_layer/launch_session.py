@@ -9,6 +9,7 @@ launch(overrides...) ──► compose each job's config here (SweepComposer, jo
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
@@ -42,6 +43,7 @@ from furcate_hydra.hydra_layer.recording import JobRecorder
 from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
 from furcate_hydra.layout import JobPaths
+from furcate_hydra.store import code_version
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,8 @@ class LaunchSession:
         # store cost nothing.
         try:
             plan = plan_slots(options.slots)
-            self.recorder = JobRecorder(options.store, config)
+            code = code_version(_module_file(task_function))
+            self.recorder = JobRecorder(options.store, config, code)
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
         log.info("furcate: %s", plan.describe())
@@ -80,7 +83,8 @@ class LaunchSession:
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
         self.composer = SweepComposer(hydra_context, config)
-        self.submitted = self.skipped = 0  # over one streaming() block, for the log
+        # over one streaming() block, for the log; stale: skipped, though other code finished it
+        self.submitted = self.skipped = self.skipped_stale = 0
         self._closed = False
 
     def refresh_context(self) -> None:
@@ -104,6 +108,7 @@ class LaunchSession:
             self.submitted += 1
             if skipped is not None:
                 self.skipped += 1
+                self.skipped_stale += decision.other_code
                 log.info("\t#%d : %s (skipped: run %s)", job.num, job.label, job.run_id)
                 self._ready.append((job.key, skipped))
                 continue
@@ -222,7 +227,7 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    session.submitted = session.skipped = 0
+    session.submitted = session.skipped = session.skipped_stale = 0
     try:
         yield
         session.recorder.flush()
@@ -231,6 +236,15 @@ def streaming(session: LaunchSession) -> Iterator[None]:
                 "furcate: skipped %d of %d configs already recorded in MLflow",
                 session.skipped,
                 session.submitted,
+            )
+        if session.skipped_stale:
+            code = session.recorder.code
+            log.warning(
+                "furcate: %d of the %d skipped configs were finished by other code than this "
+                "sweep's (%s); set hydra.launcher.code_change=rerun to run them again",
+                session.skipped_stale,
+                session.skipped,
+                code.key if code is not None else "unknown",
             )
     except ExecutorBrokenError:
         session.close()  # the sweep failed; it was not interrupted
@@ -247,6 +261,16 @@ def task_overrides(overrides: Sequence[str]) -> list[str]:
     """The overrides of the task's config: Hydra's ``filter_overrides`` misses ``+hydra.*`` and
     ``++hydra.*`` (how a sweeper passes a job its environment through any launcher)."""
     return [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
+
+
+def _module_file(task_function: TaskFunction) -> Path | None:
+    """The file of the task's module: what its code version is taken from."""
+    function = inspect.unwrap(task_function)
+    try:
+        source = inspect.getsourcefile(function)
+    except TypeError:  # a builtin or a callable object without a file
+        source = None
+    return Path(source) if source else None
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:

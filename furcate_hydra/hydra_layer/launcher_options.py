@@ -16,7 +16,7 @@ from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
-from furcate_hydra.store import Rerun
+from furcate_hydra.store import CodeChange, Rerun
 
 __all__ = ["LauncherOptions", "StoreOptions"]
 
@@ -32,6 +32,7 @@ class StoreOptions:
     stale_after_s: float
     sqlite_wal: bool
     rerun: Rerun
+    code_change: CodeChange
     fingerprint_ignore: tuple[str, ...]
 
     @classmethod
@@ -51,6 +52,7 @@ class StoreOptions:
             stale_after_s=_seconds(mlflow, "stale_after_s", 60),
             sqlite_wal=bool(mlflow["sqlite_wal"]),
             rerun=Rerun.parse(options["rerun"]),
+            code_change=CodeChange.parse(options["code_change"]),
             fingerprint_ignore=ignore,
         )
 

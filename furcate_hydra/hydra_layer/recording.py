@@ -29,6 +29,8 @@ from furcate_hydra.hydra_layer.streaming import JobRun
 from furcate_hydra.layout import JobPaths, SweepPaths
 from furcate_hydra.store import (
     Action,
+    CodeCheck,
+    CodeVersion,
     Decision,
     RunStatus,
     RunStore,
@@ -55,8 +57,12 @@ _CSV_EVERY_S = 10.0
 class JobRecorder:
     """The launcher's side of the store; without MLflow it still fingerprints and writes files."""
 
-    def __init__(self, options: StoreOptions, launcher_config: DictConfig) -> None:
+    def __init__(
+        self, options: StoreOptions, launcher_config: DictConfig, code: CodeVersion | None
+    ) -> None:
         self.options = options
+        self.code = code
+        self._code_check = CodeCheck(code.key if code else None, options.code_change)
         self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
         self._invocation = " ".join(launcher_config.hydra.overrides.task)
         self.store: RunStore | None = None
@@ -84,7 +90,8 @@ class JobRecorder:
         decisions: dict[str, Decision] = {}
         if self.store is not None:
             self._ensure_sweep_run()
-            decisions = self.store.decide({str(j.fingerprint) for j in jobs}, self.options.rerun)
+            fingerprints = {str(j.fingerprint) for j in jobs}
+            decisions = self.store.decide(fingerprints, self.options.rerun, self._code_check)
         run = Decision(Action.RUN)
         return [decisions.get(str(job.fingerprint), run) for job in jobs]
 
@@ -167,6 +174,7 @@ class JobRecorder:
             Tags.OVERRIDES: " ".join(job.overrides),
             Tags.JOB_NUM: str(job.num),
             Tags.OUTPUT_DIR: str(job.paths.output_dir),
+            **(self.code.tags() if self.code is not None else {}),
         }
 
     def _ensure_sweep_run(self) -> None:

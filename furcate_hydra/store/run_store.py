@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from furcate_hydra.store.decisions import Decision, Rerun, decide
+from furcate_hydra.store.decisions import CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.lookup import find_runs
 from furcate_hydra.store.records import (
@@ -100,7 +100,9 @@ class RunStore:
 
     # -- deciding -----------------------------------------------------------------------
 
-    def decide(self, fingerprints: Collection[str], rerun: Rerun) -> dict[str, Decision]:
+    def decide(
+        self, fingerprints: Collection[str], rerun: Rerun, code: CodeCheck | None = None
+    ) -> dict[str, Decision]:
         """One lookup for the whole batch, then a decision per fingerprint."""
         found = find_runs(self.client, self.experiment_id, fingerprints)
         heartbeats = self._heartbeats(
@@ -115,7 +117,7 @@ class RunStore:
             beat = heartbeats.get(record.parent_run_id or "")
             return launcher_gone(record, self.identity, beat, now, self.stale_after_s)
 
-        return {fp: decide(found.get(fp, []), rerun, gone) for fp in fingerprints}
+        return {fp: decide(found.get(fp, []), rerun, gone, code) for fp in fingerprints}
 
     def recorded_return_value(self, record: RunRecord) -> Any:
         text = record.tags.get(Tags.RETURN_VALUE)
