@@ -13,11 +13,15 @@ from tests.conftest import APPS
 
 
 def start_sweep(
-    app: str, tmp_path: Path, *overrides: str, stderr: int = subprocess.PIPE
+    app: str,
+    tmp_path: Path,
+    *overrides: str,
+    stderr: int = subprocess.PIPE,
+    stdout: int = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
     """``python <app> -m <overrides>`` in the background, in tmp_path, its sweep dir at
     tmp_path/sweep, in its own process group (a terminal's foreground job), so that a test can
-    Ctrl-C or kill it. Read a piped stderr with ``communicate``."""
+    Ctrl-C or kill it. Read what is piped with ``communicate``."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -28,14 +32,15 @@ def start_sweep(
         ],
         cwd=tmp_path,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,
         stderr=stderr,
         start_new_session=True,
     )
 
 
 def start_probe_sweep(tmp_path: Path, *overrides: str) -> subprocess.Popen[bytes]:
-    return start_sweep("probe_app.py", tmp_path, *overrides)
+    """The probe app's sweep; stdout and stderr piped (Hydra logs to stdout)."""
+    return start_sweep("probe_app.py", tmp_path, *overrides, stdout=subprocess.PIPE)
 
 
 def alive(pid: int) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 import cloudpickle
 
 from furcate_hydra.errors import ExecutorBrokenError, ForkServerError
+from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver import ChildReport, ForkServerClient
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 # How often running jobs' progress files are looked at, while anyone listens for PROGRESS.
 PROGRESS_POLL_S = 1.0
+# Longest a wait goes without looking for a Ctrl-C that Python lost (see interrupts.py).
+INTERRUPT_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,11 @@ class LocalPool:
             if self._listeners and self._running:  # wake up for the next progress poll
                 due = max(0.0, self._progress_polled + PROGRESS_POLL_S - time.monotonic())
                 remaining = due if remaining is None else min(remaining, due)
+            interrupts.check()
+            # never block for long: a Ctrl-C Python lost is raised at the next check
+            remaining = (
+                INTERRUPT_CHECK_S if remaining is None else min(remaining, INTERRUPT_CHECK_S)
+            )
             event = self._receive(remaining)
             if event is not None:
                 self._on_event(event)

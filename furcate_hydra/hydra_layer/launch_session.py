@@ -13,7 +13,6 @@ import inspect
 import logging
 import os
 import signal
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
+from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.local_pool import LocalPool
@@ -87,6 +87,27 @@ class LaunchSession:
         self.submitted = self.skipped = self.skipped_stale = 0
         self._closed = False
 
+    @classmethod
+    def start(
+        cls,
+        options: LauncherOptions,
+        hydra_context: HydraContext,
+        task_function: TaskFunction,
+        config: DictConfig,
+    ) -> LaunchSession:
+        """A new session, its signal handlers installed before the fork server's warm-up, so
+        that a Ctrl-C during it is never lost; one during it ends the app with one line."""
+        interrupts.install()
+        try:
+            return cls(options, hydra_context, task_function, config)
+        except KeyboardInterrupt:
+            interrupts.restore()
+            log.warning("furcate: interrupted while starting; no job ran")
+            raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
+        except BaseException:
+            interrupts.restore()
+            raise
+
     def refresh_context(self) -> None:
         """Ship the singleton state to the fork server again if it changed (new resolvers)."""
         context = self._context_blob()
@@ -103,6 +124,7 @@ class LaunchSession:
         jobs = [self._compose(request) for request in requests]
         decisions = self.recorder.prepare(jobs)
         for job, decision in zip(jobs, decisions, strict=True):
+            interrupts.check()  # composing a batch can take a while: a lost Ctrl-C stops it
             # Each job is handed to the executor as soon as its run exists, not after the batch.
             skipped = self.recorder.open(job, decision)
             self.submitted += 1
@@ -136,14 +158,18 @@ class LaunchSession:
     def idle_slots(self) -> int:
         return self.executor.idle_slots
 
-    def close(self, interrupted: bool = False) -> None:
-        """Stop the executor; record jobs still running as KILLED and the sweep's final state."""
+    def close(self, interrupted: bool = False) -> int:
+        """Stop the executor; record jobs still running as KILLED and the sweep's final state.
+        Returns how many jobs were stopped."""
         if self._closed:
-            return
+            return 0
         self._closed = True
         self.executor.close()
+        stopped = len(self._jobs)
         self.recorder.close(interrupted, self._jobs.values())
         self._jobs.clear()
+        interrupts.restore()
+        return stopped
 
     def _compose(self, request: JobRequest) -> JobRecord:
         num = request.num
@@ -224,9 +250,6 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     configure_log(session.config.hydra.hydra_logging, session.config.hydra.verbose)
     Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     session.refresh_context()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     session.submitted = session.skipped = session.skipped_stale = 0
     try:
         yield
@@ -249,12 +272,22 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     except ExecutorBrokenError:
         session.close()  # the sweep failed; it was not interrupted
         raise
+    except KeyboardInterrupt:
+        signum = interrupts.received() or signal.SIGINT
+        stopped = session.close(interrupted=True)
+        log.warning(
+            "furcate: interrupted (%s): %d job%s stopped and recorded as KILLED, the sweep's "
+            "records written to %s; run the same command to resume",
+            signal.Signals(signum).name,
+            stopped,
+            "" if stopped == 1 else "s",
+            session.recorder.sweep.sweep_dir,
+        )
+        # No traceback: the shell's convention for a process ended by a signal
+        raise SystemExit(128 + signum) from None
     except BaseException:
         session.close(interrupted=True)
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def task_overrides(overrides: Sequence[str]) -> list[str]:
@@ -271,10 +304,6 @@ def _module_file(task_function: TaskFunction) -> Path | None:
     except TypeError:  # a builtin or a callable object without a file
         source = None
     return Path(source) if source else None
-
-
-def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
 
 
 def _output_dir(sweep_config: DictConfig) -> str:

@@ -240,12 +240,13 @@ class JobRecorder:
 
     def close(self, interrupted: bool, in_flight: Iterable[JobRecord]) -> None:
         """Runs of jobs still in flight are KILLED (resumable); the sweep run gets its state."""
-        if self.store is not None:
-            for job in in_flight:
-                if job.run_id is not None:
-                    self.store.finish_job_run(
-                        job.run_id, RunStatus.KILLED, error="launcher stopped"
-                    )
+        for job in in_flight:
+            # a row and run_data.json for each, so the sweep's record lists what was stopped
+            row = self._add_row(job, RunStatus.KILLED, None, "launcher stopped")
+            job.paths.output_dir.mkdir(parents=True, exist_ok=True)
+            write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
+            if self.store is not None and job.run_id is not None:
+                self.store.finish_job_run(job.run_id, RunStatus.KILLED, error="launcher stopped")
         self.flush()  # run_data.csv is the sweep's record with or without a store
         if self.store is None:
             return

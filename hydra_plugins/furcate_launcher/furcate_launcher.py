@@ -109,7 +109,7 @@ class FurcateLauncher(Launcher):
                 or self.config is None
             ):
                 raise RuntimeError("FurcateLauncher.setup() must be called before launching jobs")
-            self._session = LaunchSession(
+            self._session = LaunchSession.start(
                 self.options, self.hydra_context, self.task_function, self.config
             )
             # Also at interpreter exit; the fork server stops its jobs if we vanish without it.

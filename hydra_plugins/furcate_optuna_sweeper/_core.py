@@ -137,13 +137,17 @@ class StudySweep:
         """The next trial and its task's overrides, resampled while exclusion rules match."""
         for _ in range(self.options.max_resamples):
             trial = self.study.ask(fixed_distributions=self.space.distributions)
-            self._set_attr(trial, Attrs.SWEEPER, _json(self._identity))
-            task = self._task_overrides(trial)
-            rule = self._excluded_by(task)
-            if rule is None:
-                self._copy_reports_of_retried(trial)
-                self.started += 1
-                return trial, task
+            try:
+                self._set_attr(trial, Attrs.SWEEPER, _json(self._identity))
+                task = self._task_overrides(trial)
+                rule = self._excluded_by(task)
+                if rule is None:
+                    self._copy_reports_of_retried(trial)
+                    self.started += 1
+                    return trial, task
+            except BaseException as exc:  # Ctrl-C while asking: no trial is left RUNNING
+                self.interrupted([trial], f"sweep stopped: {type(exc).__name__}")
+                raise
             self._set_attr(trial, Attrs.EXCLUDED, rule)
             self.study.tell(trial, state=TrialState.FAIL)
             log.info("furcate_optuna: trial %d excluded by %s, resampling", trial.number, rule)
@@ -287,14 +291,18 @@ class StudySweep:
             log.warning("furcate_optuna: trial %d failed: %s", trial.number, outcome.error)
         return outcome
 
-    def interrupted(self, jobs: Sequence[TrialJob], why: str) -> None:
-        """Trials whose jobs were stopped: FAIL, marked for a retry by the next sweep."""
-        for job in jobs:
+    def interrupted(self, trials: Sequence[optuna.Trial], why: str) -> None:
+        """Trials stopped before their jobs ended: FAIL, marked for a retry by the next sweep
+        (a trial told already is left as it was told)."""
+        for trial in trials:
             try:
-                self._set_attr(job.trial, Attrs.INTERRUPTED, why)
-                self.study.tell(job.trial, state=TrialState.FAIL, skip_if_finished=True)
+                state = self.study._storage.get_trial(trial._trial_id).state
+                if state.is_finished():
+                    continue
+                self._set_attr(trial, Attrs.INTERRUPTED, why)
+                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             except Exception as exc:  # still stopping: the next sweep recovers it as dead
-                log.warning("furcate_optuna: trial %d left RUNNING: %s", job.trial.number, exc)
+                log.warning("furcate_optuna: trial %d left RUNNING: %s", trial.number, exc)
 
     def too_many_failures(self, concurrency: int) -> bool:
         """hydra-optuna-sweeper's max_failure_rate, judged per trial: at 0 the first failure
@@ -423,6 +431,7 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
     # trials sampled with the config of a running trial: told its outcome, not run twice
     followers: dict[str, list[TrialJob]] = {}
     stopping = False
+    submitting: TrialJob | None = None  # asked, not yet in_flight: stopped, it is told too
     try:
         with launcher.streaming():
             concurrency = _concurrency(sweep, launcher.slot_count)
@@ -435,9 +444,9 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                         key = next(k for k, j in in_flight.items() if j is leader)
                         followers.setdefault(key, []).append(sweep.job(trial, task, leader))
                         continue
-                    job = sweep.job(trial, task)
+                    job = submitting = sweep.job(trial, task)
                     (key,) = launcher.submit_batch([job.request()])
-                    in_flight[key] = job
+                    in_flight[key], submitting = job, None
                     done = launcher.wait_any(timeout=0)  # a recorded config comes back at once
                 else:
                     done = launcher.wait_any()
@@ -456,7 +465,8 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                         )
     except BaseException as exc:
         waiting = [job for jobs in followers.values() for job in jobs]
-        sweep.interrupted([*in_flight.values(), *waiting], f"sweep stopped: {type(exc).__name__}")
+        held = [*in_flight.values(), *waiting, *([submitting] if submitting else [])]
+        sweep.interrupted([job.trial for job in held], f"sweep stopped: {type(exc).__name__}")
         raise
 
 
@@ -466,11 +476,13 @@ def _batches(sweep: StudySweep, launcher: Launcher) -> None:
     size = sweep.options.n_jobs or slots
     while sweep.started < sweep.to_start:
         count = min(size, sweep.to_start - sweep.started)
-        jobs = [sweep.job(*sweep.ask()) for _ in range(count)]
+        jobs: list[TrialJob] = []
         try:
+            for _ in range(count):
+                jobs.append(sweep.job(*sweep.ask()))
             results = launcher.launch([job.batch_overrides() for job in jobs], jobs[0].num)
         except BaseException as exc:
-            sweep.interrupted(jobs, f"sweep stopped: {type(exc).__name__}")
+            sweep.interrupted([job.trial for job in jobs], f"sweep stopped: {type(exc).__name__}")
             raise
         for job, job_return in zip(jobs, results, strict=True):
             # the furcate launcher keys a job by its number, in launch() as in submit()
