@@ -31,7 +31,7 @@ def test_the_sphere_example_runs_unchanged(tmp_path: Path, launcher: list[str]) 
     assert all(t.state is TrialState.COMPLETE for t in study.trials)
     for trial in study.trials:
         assert trial.params["y"] in (-5, 0, 5)
-        assert -5.5 <= trial.params["x"] <= 5.0  # range(-5.5, 5.5, step=0.5) lists up to 5.0
+        assert -5.5 <= trial.params["x"] <= 5.5  # range(-5.5, 5.5, step=0.5), 5.5 included
         assert trial.value == trial.params["x"] ** 2 + trial.params["y"] ** 2
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     assert results.name == "optuna"
