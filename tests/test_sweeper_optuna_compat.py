@@ -25,8 +25,9 @@ SPHERE = APPS / "sphere" / "sphere.py"
 def test_the_sphere_example_runs_unchanged(tmp_path: Path, launcher: list[str]) -> None:
     result = run_cli(SPHERE, "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *launcher, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    # storage: null means the default sqlite:///optuna.db in the working directory
-    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path}/optuna.db")
+    # storage: null means a new study in the sweep dir, nothing in the working directory
+    assert not (tmp_path / "optuna.db").exists()
+    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path}/sweep/optuna.db")
     assert len(study.trials) == 20
     assert all(t.state is TrialState.COMPLETE for t in study.trials)
     for trial in study.trials:
@@ -45,6 +46,6 @@ def test_the_examples_failure_switch_fails_the_sweep_at_max_failure_rate_0(tmp_p
     )
     assert result.returncode != 0
     assert "cfg.error is True" in result.stderr
-    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path}/optuna.db")
+    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path}/sweep/optuna.db")
     # n_jobs=1: the first trial failed and nothing more was asked
     assert [t.state for t in study.trials] == [TrialState.FAIL]

@@ -127,8 +127,10 @@ class FurcateOptunaSweeperConf:
     pruner: Any = MISSING
     # minimize or maximize, or a list of them: one per value the task returns
     direction: Any = "minimize"
-    # an Optuna RDB URL; unset: sqlite:///optuna.db in the working directory
-    storage: Optional[Any] = None
+    # an Optuna RDB URL that every run continues (a relative sqlite path is from the working
+    # directory); null: a new study for each run (a sqlite file in the sweep dir, so that the
+    # trials' jobs can report to it), as hydra-optuna-sweeper's in-memory one
+    storage: Optional[Any] = "sqlite:///optuna.db"
     # unset: the task's name (hydra.job.name)
     study_name: Optional[str] = None
     # trials the study should have in all: a rerun runs only the ones missing
