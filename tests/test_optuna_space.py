@@ -24,6 +24,7 @@ from hydra_plugins.furcate_optuna_sweeper.config import (
     NoPrunerConf,
     SuccessiveHalvingPrunerConf,
 )
+from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 
 PARSER = OverridesParser.create()
 
@@ -152,3 +153,92 @@ def test_each_pruner_option_builds_its_optuna_pruner(conf: type, expected: type)
     values = OmegaConf.to_container(OmegaConf.structured(conf))
     assert isinstance(values, dict)
     assert isinstance(pruner_from_spec({str(k): v for k, v in values.items()}), expected)
+
+
+def sweeper_options(**options: Any) -> Any:
+    return FurcateOptunaSweeper.parse_options({"pruner": {"name": "none"}, **options})
+
+
+DEPRECATED = (
+    r"`hydra.sweeper.search_space` is deprecated and will be removed in the next major "
+    r"release. Please configure with `hydra.sweeper.params`: "
+)
+
+
+@pytest.mark.parametrize(
+    "entry, expected",
+    [
+        # hydra-optuna-sweeper 1.2's own table of search_space entries and what they become
+        ({"type": "categorical", "choices": [1, 2, 3]}, CategoricalDistribution([1, 2, 3])),
+        ({"type": "int", "low": 0, "high": 10}, IntDistribution(0, 10)),
+        ({"type": "int", "low": 0, "high": 10, "step": 2}, IntDistribution(0, 10, step=2)),
+        ({"type": "int", "low": 1, "high": 100, "log": True}, IntDistribution(1, 100, log=True)),
+        ({"type": "float", "low": 0, "high": 1}, FloatDistribution(0, 1)),
+        ({"type": "float", "low": 0, "high": 10, "step": 2}, FloatDistribution(0, 10, step=2)),
+        (
+            {"type": "float", "low": 1, "high": 100, "log": True},
+            FloatDistribution(1, 100, log=True),
+        ),
+        (
+            {"type": "float", "low": -5.5, "high": 5.5, "step": 0.5},
+            FloatDistribution(-5.5, 5.5, step=0.5),
+        ),
+        (
+            {"type": "categorical", "choices": ["a b", True]},
+            CategoricalDistribution(["a b", True]),
+        ),
+    ],
+)
+def test_the_deprecated_search_space_is_read_with_a_warning_that_shows_it_as_params(
+    entry: dict[str, Any], expected: Any
+) -> None:
+    with pytest.warns(UserWarning, match=DEPRECATED) as warned:
+        options = sweeper_options(search_space=OmegaConf.create({"x": entry}))
+    assert options.search_space == {"x": expected}
+    # the params the warning suggests are the same space
+    suggested = str(warned[0].message).rpartition("`hydra.sweeper.params`: x: ")[2]
+    assert space(x=suggested).distributions == {"x": expected}
+
+
+def test_a_deprecated_entry_with_log_and_step_ignores_the_step_as_hydra_optuna_sweeper_does() -> (
+    None
+):
+    entry = {"type": "float", "low": 1e-4, "high": 1.0, "log": True, "step": 0.1}
+    with pytest.warns(UserWarning, match="log is set, so step 0.1 is ignored"):
+        options = sweeper_options(search_space={"lr": entry})
+    assert options.search_space == {"lr": FloatDistribution(1e-4, 1.0, log=True)}
+
+
+def test_a_deprecated_step_that_misses_high_ends_at_its_last_step() -> None:
+    with pytest.warns(UserWarning) as warned:
+        options = sweeper_options(
+            search_space={"n": {"type": "int", "low": 1, "high": 10, "step": 4}}
+        )
+    assert options.search_space == {"n": IntDistribution(1, 9, step=4)}
+    assert any(
+        "search_space.n=" in str(w.message) and "ends at 9" in str(w.message) for w in warned
+    )
+
+
+def test_the_command_line_joins_the_deprecated_search_space_and_wins() -> None:
+    result = parse_search_space(
+        {},
+        ["x=0.5", "y=choice(1, 2)"],
+        PARSER,
+        search_space={"x": FloatDistribution(0.0, 1.0), "z": IntDistribution(1, 3)},
+    )
+    assert result.distributions == {
+        "z": IntDistribution(1, 3),
+        "y": CategoricalDistribution([1, 2]),
+    }
+    assert result.fixed == ("x=0.5",)
+
+
+def test_hydra_deprecation_warnings_as_errors_refuses_the_deprecated_search_space(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS", "1")
+    with pytest.raises(
+        OptionError, match=re.escape("write it as hydra.sweeper.params: x: int(interval(1, 3))")
+    ):
+        sweeper_options(search_space={"x": {"type": "int", "low": 1, "high": 3}})

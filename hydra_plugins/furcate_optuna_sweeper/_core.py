@@ -91,7 +91,9 @@ class StudySweep:
         self.launcher = context.launcher
         self.streaming = as_streaming(context.launcher)
         parser = OverridesParser.create(config_loader=hydra_context.config_loader)
-        self.space = parse_search_space(dict(options.params), arguments, parser)
+        self.space = parse_search_space(
+            dict(options.params), arguments, parser, options.search_space
+        )
         self.filter = GridFilter(hydra_context, config) if options.rules else None
         self._check_exclusion_keys()
         sampler, n_trials = self._sampler(options.sampler, options.n_trials)

@@ -27,6 +27,7 @@ class OptunaOptions:
 
     sampler: Any  # an optuna sampler, or a partial waiting for its grid (GridSampler)
     params: tuple[tuple[str, str], ...]
+    search_space: dict[str, Any]  # the deprecated search_space, as Optuna distributions
     rules: tuple[ExclusionRule, ...]
     directions: tuple[str, ...]
     storage: str | None  # None (storage: null): a new study for this run, in the sweep dir
@@ -44,6 +45,10 @@ class OptunaOptions:
     def parse(cls, options: Mapping[str, Any]) -> OptunaOptions:
         """``hydra.sweeper`` with every key set (``with_defaults``); an unchosen sampler or
         pruner (MISSING) means Optuna's TPE and no pruning."""
+        from hydra_plugins.furcate_optuna_sweeper._legacy_space import (
+            distributions_from_search_space,
+        )
+
         spec = SweepSpec.parse(options["params"], options["exclude"])
         pruner = _chosen(options["pruner"]) or {"name": "none"}
         if not isinstance(pruner, dict) or pruner.get("name") not in _PRUNERS:
@@ -66,6 +71,7 @@ class OptunaOptions:
         return cls(
             sampler=_chosen(options["sampler"]),
             params=spec.params,
+            search_space=distributions_from_search_space(options["search_space"], spec.params),
             rules=spec.rules,
             directions=_directions(options["direction"]),
             storage=_storage(options["storage"]),

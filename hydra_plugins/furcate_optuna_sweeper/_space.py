@@ -68,9 +68,16 @@ class SearchSpace:
 
 
 def parse_search_space(
-    params: Mapping[str, str], arguments: Sequence[str], parser: OverridesParser
+    params: Mapping[str, str],
+    arguments: Sequence[str],
+    parser: OverridesParser,
+    search_space: Mapping[str, BaseDistribution] | None = None,
 ) -> SearchSpace:
-    """``hydra.sweeper.params`` first, then the command line, which wins for a key in both."""
+    """``hydra.sweeper.params`` first, then the command line, which wins for a key in both.
+
+    ``search_space`` (the deprecated ``hydra.sweeper.search_space``, as distributions) comes
+    before both, as in hydra-optuna-sweeper: a key they set too takes their value.
+    """
     parsed = parse_sweep_overrides(
         params.items(),
         arguments,
@@ -79,13 +86,15 @@ def parse_search_space(
         "use interval(0.1, 1), tag(log, interval(1e-5, 1)), int(interval(1, 8)), "
         "range(1, 10), choice(a, b) or a fixed value",
     )
-    distributions: dict[str, BaseDistribution] = {}
+    distributions: dict[str, BaseDistribution] = dict(search_space or {})
     fixed: list[str] = []
     winners = {override.get_key_element(): (source, override) for source, override in parsed}
     for key, (source, override) in winners.items():
         if override.is_sweep_override():
             distributions[key] = _distribution(source, override)
-        elif override.is_delete():
+            continue
+        distributions.pop(key, None)
+        if override.is_delete():
             fixed.append(override.input_line or key)
         else:
             fixed.append(f"{key}={override.get_value_element_as_str()}")

@@ -142,6 +142,9 @@ class FurcateOptunaSweeperConf:
     # the search space, as hydra-optuna-sweeper reads it: interval, int(interval), tag(log, ..),
     # range, choice, or a fixed value
     params: Optional[Dict[str, Any]] = field(default_factory=dict)
+    # deprecated (hydra-optuna-sweeper reads it with a warning): {name: {type, low, high, step,
+    # log, choices}}, the search space before params; it cannot be set beside params
+    search_space: Optional[Dict[str, Any]] = None
     # dotted path of fn(cfg, trial) that suggests more params (define-by-run)
     custom_search_space: Optional[str] = None
     # the metric each epoch reports to the trial (a key the LightningModule logs, e.g.
