@@ -4,6 +4,8 @@
       multirun.yaml                 the sweep's config, as Hydra's sweepers write it
       run_data.csv                  one row per job (furcate's run_data.csv)
       optimization_results.yaml     the Optuna sweeper's best trial(s), plus its plots
+      optuna.db                     the study of an Optuna sweep with ``storage: null``
+                                    (``optuna-2.db``, ... where the dir is reused)
       <job subdir>/                 JobPaths: Hydra's job dir (``.hydra/`` is Hydra's own)
         stdout.log  stderr.log      what the job's process printed
         run_data.json               what the launcher recorded of the job
@@ -106,6 +108,7 @@ class SweepPaths:
     RUN_DATA_CSV = "run_data.csv"
     MULTIRUN_YAML = "multirun.yaml"
     OPTIMIZATION_RESULTS = "optimization_results.yaml"
+    STUDY_DB = "optuna.db"
 
     @classmethod
     def of(cls, sweep_dir: Path | str) -> SweepPaths:
@@ -122,3 +125,13 @@ class SweepPaths:
     @property
     def optimization_results(self) -> Path:
         return self.sweep_dir / self.OPTIMIZATION_RESULTS
+
+    def new_study_db(self) -> Path:
+        """A sqlite file no earlier sweep wrote, for a study of this sweep only (``storage:
+        null``). A reused sweep dir keeps its earlier studies: the next free name is taken."""
+        path = self.sweep_dir / self.STUDY_DB
+        number = 1
+        while path.exists():
+            number += 1
+            path = self.sweep_dir / f"{Path(self.STUDY_DB).stem}-{number}.db"
+        return path

@@ -12,6 +12,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import TrialState
 
 from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.layout import SweepPaths
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
 from hydra_plugins.furcate_optuna_sweeper._study import (
@@ -19,8 +20,11 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
     counts,
     open_study,
     recover_trials,
+    shown_url,
+    study_storage,
     sweeper_identity,
 )
+from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from tests.store_helpers import exited_launcher
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -88,6 +92,28 @@ def test_relative_sqlite_paths_are_made_absolute_for_jobs(tmp_path: Path) -> Non
     assert job_storage_url("sqlite:///optuna.db", tmp_path) == f"sqlite:///{tmp_path}/optuna.db"
     assert job_storage_url("sqlite:////abs/o.db", tmp_path) == "sqlite:////abs/o.db"
     assert job_storage_url("postgresql://h/db", tmp_path) == "postgresql://h/db"
+
+
+def test_storage_unset_is_the_shared_default_and_null_a_new_study_in_the_sweep_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    sweep = SweepPaths.of(tmp_path / "sweep")
+    unset = FurcateOptunaSweeper.parse_options({}).storage
+    assert study_storage(unset, sweep) == f"sqlite:///{tmp_path}/optuna.db"  # every run's
+    null = FurcateOptunaSweeper.parse_options({"storage": None}).storage
+    first = study_storage(null, sweep)
+    assert first == f"sqlite:///{tmp_path}/sweep/optuna.db"
+    open_study(first, "s", ["minimize"], None, None)
+    # a reused sweep dir keeps the earlier study, and this run gets a new one
+    assert study_storage(null, sweep) == f"sqlite:///{tmp_path}/sweep/optuna-2.db"
+
+
+def test_a_storage_password_is_not_logged() -> None:
+    assert (
+        shown_url("postgresql://me:secret@db:5432/optuna") == "postgresql://me:***@db:5432/optuna"
+    )
+    assert shown_url("sqlite:////abs/optuna.db") == "sqlite:////abs/optuna.db"
 
 
 def job_return(value: object, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:

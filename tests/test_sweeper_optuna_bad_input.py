@@ -86,6 +86,54 @@ def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], exp
 
 
 @pytest.mark.parametrize(
+    "options, key, fix",
+    [
+        (
+            {"search_space": {"x": {"type": "float", "low": 0, "high": 1, "q": 0.1}}},
+            "hydra.sweeper.search_space.x",
+            "use only type, low, high, step, log, choices",
+        ),
+        (
+            {"search_space": {"x": {"type": "uniform", "low": 0, "high": 1}}},
+            "hydra.sweeper.search_space.x",
+            "write e.g. {type: float, low: 0.0, high: 1.0}",
+        ),
+        (
+            {"search_space": {"x": {"type": "int", "low": 8, "high": 1}}},
+            "hydra.sweeper.search_space.x",
+            "write e.g. {type: int, low: 1, high: 100}",
+        ),
+        (
+            {"search_space": {"x": {"type": "categorical", "choices": []}}},
+            "hydra.sweeper.search_space.x",
+            "write {type: categorical, choices: [a, b]}",
+        ),
+        (
+            # hydra-optuna-sweeper would warn and ignore search_space: refused here
+            {
+                "search_space": {"x": {"type": "float", "low": 0, "high": 1, "step": 0.25}},
+                "params": {"y": "choice(1, 2)"},
+            },
+            "hydra.sweeper.search_space",
+            "move its entries into hydra.sweeper.params (x: range(0.0, 1.0, step=0.25)) and "
+            "delete hydra.sweeper.search_space",
+        ),
+    ],
+)
+def test_a_bad_search_space_is_named_with_its_value_and_fix(
+    options: dict[str, Any], key: str, fix: str
+) -> None:
+    with pytest.raises(OptionError) as raised:
+        FurcateOptunaSweeper.parse_options({"pruner": {"name": "none"}, **options})
+    error = raised.value
+    assert error.key == key
+    name = key.rpartition("search_space")[2].lstrip(".")
+    value = options["search_space"][name] if name else options["search_space"]
+    assert f"Invalid {key}={value!r}: " in str(error)
+    assert f"Fix: {fix}" in str(error)
+
+
+@pytest.mark.parametrize(
     "overrides, expected",
     [
         (

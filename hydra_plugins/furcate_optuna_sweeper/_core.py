@@ -29,7 +29,8 @@ from furcate_hydra.hydra_layer.exclusion_filter import GridFilter
 from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
-from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions, default_storage
+from furcate_hydra.layout import SweepPaths
+from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
 from hydra_plugins.furcate_optuna_sweeper._results import write_results
 from hydra_plugins.furcate_optuna_sweeper._space import (
@@ -42,6 +43,8 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
     open_study,
     recover_trials,
+    shown_url,
+    study_storage,
     sweeper_identity,
 )
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialRuns
@@ -88,12 +91,14 @@ class StudySweep:
         self.launcher = context.launcher
         self.streaming = as_streaming(context.launcher)
         parser = OverridesParser.create(config_loader=hydra_context.config_loader)
-        self.space = parse_search_space(dict(options.params), arguments, parser)
+        self.space = parse_search_space(
+            dict(options.params), arguments, parser, options.search_space
+        )
         self.filter = GridFilter(hydra_context, config) if options.rules else None
         self._check_exclusion_keys()
         sampler, n_trials = self._sampler(options.sampler, options.n_trials)
         self.study_name = options.study_name or str(config.hydra.job.name)
-        self.storage = default_storage(options.storage)
+        self.storage = study_storage(options.storage, SweepPaths.of(str(config.hydra.sweep.dir)))
         self.study = open_study(
             self.storage, self.study_name, options.directions, sampler, options.pruner_object()
         )
@@ -113,10 +118,13 @@ class StudySweep:
         done = f"{state.counted} of {n_trials} trials already in the study"
         if state.retried:
             done += f", {state.retried} interrupted ones re-tried"
+        where = shown_url(self.storage)
+        if options.storage is None:
+            where += " (storage: null: a new study for this run)"
         log.info(
             "furcate_optuna: study %r in %s: %s, %d to run (%s, %s, direction %s)",
             self.study_name,
-            self.storage,
+            where,
             done,
             self.to_start,
             type(sampler).__name__,

@@ -15,10 +15,9 @@ from furcate_hydra.hydra_layer.grid import SweepSpec
 from furcate_hydra.hydra_layer.options import OptionError, plain
 from furcate_hydra.sweeping.exclusion import ExclusionRule
 
-__all__ = ["DIRECTIONS", "OptunaOptions", "default_storage", "job_storage_url"]
+__all__ = ["DIRECTIONS", "OptunaOptions", "job_storage_url"]
 
 DIRECTIONS = ("minimize", "maximize")
-DEFAULT_STORAGE = "sqlite:///optuna.db"
 _PRUNERS = ("median", "successive_halving", "hyperband", "none")
 
 
@@ -28,9 +27,10 @@ class OptunaOptions:
 
     sampler: Any  # an optuna sampler, or a partial waiting for its grid (GridSampler)
     params: tuple[tuple[str, str], ...]
+    search_space: dict[str, Any]  # the deprecated search_space, as Optuna distributions
     rules: tuple[ExclusionRule, ...]
     directions: tuple[str, ...]
-    storage: str
+    storage: str | None  # None (storage: null): a new study for this run, in the sweep dir
     study_name: str | None
     n_trials: int
     n_jobs: int | None
@@ -45,6 +45,10 @@ class OptunaOptions:
     def parse(cls, options: Mapping[str, Any]) -> OptunaOptions:
         """``hydra.sweeper`` with every key set (``with_defaults``); an unchosen sampler or
         pruner (MISSING) means Optuna's TPE and no pruning."""
+        from hydra_plugins.furcate_optuna_sweeper._legacy_space import (
+            distributions_from_search_space,
+        )
+
         spec = SweepSpec.parse(options["params"], options["exclude"])
         pruner = _chosen(options["pruner"]) or {"name": "none"}
         if not isinstance(pruner, dict) or pruner.get("name") not in _PRUNERS:
@@ -67,6 +71,7 @@ class OptunaOptions:
         return cls(
             sampler=_chosen(options["sampler"]),
             params=spec.params,
+            search_space=distributions_from_search_space(options["search_space"], spec.params),
             rules=spec.rules,
             directions=_directions(options["direction"]),
             storage=_storage(options["storage"]),
@@ -99,11 +104,6 @@ def _chosen(value: Any) -> Any:
     return None if value is None or value == MISSING else value
 
 
-def default_storage(storage: str) -> str:
-    """The storage URL with a relative sqlite path made absolute: jobs may run elsewhere."""
-    return job_storage_url(storage, Path.cwd())
-
-
 def job_storage_url(storage: str, cwd: Path) -> str:
     prefix = "sqlite:///"
     if not storage.startswith(prefix) or storage.startswith(prefix + "/"):
@@ -128,9 +128,9 @@ def _directions(value: Any) -> tuple[str, ...]:
     return tuple(str(n) for n in names)
 
 
-def _storage(value: Any) -> str:
+def _storage(value: Any) -> str | None:
     if value is None:
-        return DEFAULT_STORAGE
+        return None
     if not isinstance(value, str) or "://" not in value:
         raise OptionError(
             "hydra.sweeper.storage",
@@ -138,7 +138,7 @@ def _storage(value: Any) -> str:
             "must be an Optuna RDB storage URL (the trials' jobs report to it from their own "
             "processes, so an in-memory study cannot work)",
             "set hydra.sweeper.storage=sqlite:///optuna.db (or a postgresql:// or mysql:// URL),"
-            " or null for sqlite:///optuna.db in the working directory",
+            " or null for a new study in the sweep dir",
         )
     return value
 

@@ -19,17 +19,20 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.records import RunRecord, RunStatus
 from furcate_hydra.tuning.storage import rdb_storage
+from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 
-__all__ = ["Attrs", "StudyState", "open_study", "recover_trials"]
+__all__ = ["Attrs", "StudyState", "open_study", "recover_trials", "shown_url", "study_storage"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,31 @@ class StudyState:
     running_elsewhere: int
     retried: int
     recovered: int
+
+
+def study_storage(storage: str | None, sweep: SweepPaths) -> str:
+    """The URL the sweeper and the trials' jobs open.
+
+    A URL as given, a relative sqlite path made absolute (jobs may run elsewhere). ``None``
+    (``storage: null``): a new sqlite file in the sweep dir. hydra-optuna-sweeper's study is in
+    memory then, new every run; a file is what the trials' jobs can report to from their own
+    processes, so pruning works, and the study stays beside the sweep's results.
+    """
+    if storage is not None:
+        return job_storage_url(storage, Path.cwd())
+    sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{sweep.new_study_db()}"
+
+
+def shown_url(url: str) -> str:
+    """The storage URL for a log line: a password in it shown as ***."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
 
 
 def open_study(
