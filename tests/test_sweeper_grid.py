@@ -31,7 +31,7 @@ def test_exclusions_match_lists_dotted_keys_and_group_choices(tmp_path: Path) ->
         ("+model=big", "sleep=0.01"),
     ]
     assert (
-        "2 of 6 configs to run, 4 excluded by hydra.sweeper.exclude "
+        "2 of 6 configs in the grid, 4 excluded by hydra.sweeper.exclude "
         "({model='big', sleep=0}: 1, {model.width=8, sleep in [0.01, 0.02]}: 2, "
         "{model.depth=3, sleep=0.02}: 1)"
     ) in result.stdout
@@ -55,7 +55,7 @@ def test_grid_syntax_and_order_are_hydras(tmp_path: Path) -> None:
         )
     )
     assert ran_overrides(tmp_path / "sweep") == expected
-    assert "8 of 8 configs to run" in result.stdout
+    assert "8 of 8 configs in the grid" in result.stdout
 
 
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path, mlflow_store: str) -> None:

@@ -43,7 +43,8 @@ class FilteredGrid:
         return self.total - len(self.kept)
 
     def describe(self) -> str:
-        text = f"{len(self.kept)} of {self.total} configs to run"
+        # "in the grid", not "to run": a rerun may find every one of them recorded already
+        text = f"{len(self.kept)} of {self.total} configs in the grid"
         if not self.excluded:
             return text
         rules = ", ".join(f"{rule}: {self.excluded_by[rule]}" for rule in self.rules)
