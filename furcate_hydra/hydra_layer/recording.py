@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from furcate_hydra import env_vars
 from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.hydra_layer.command_line import given_overrides
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.hydra_layer.launcher_options import StoreOptions
 from furcate_hydra.hydra_layer.streaming import JobRun
@@ -50,7 +51,7 @@ class JobRecorder:
     def __init__(self, options: StoreOptions, launcher_config: DictConfig) -> None:
         self.options = options
         self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
-        self._invocation = " ".join(launcher_config.hydra.overrides.task)
+        self._invocation = " ".join(given_overrides(launcher_config, "task"))
         self.store: RunStore | None = None
         if options.enabled:
             tracking = resolve_tracking_uri(options.tracking_uri)
