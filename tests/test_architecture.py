@@ -20,6 +20,7 @@ SHARED = (
     "furcate_hydra.atomic",
     "furcate_hydra.layout",
     "furcate_hydra.progress",
+    "furcate_hydra.known_warnings",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 

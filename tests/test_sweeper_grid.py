@@ -58,6 +58,20 @@ def test_grid_syntax_and_order_are_hydras(tmp_path: Path) -> None:
     assert "8 of 8 configs in the grid" in result.stdout
 
 
+def test_an_override_interpolating_a_job_field_is_left_to_the_job(tmp_path: Path) -> None:
+    # The live-edit set-up (watch is on) reads the command line to compose edits later; the
+    # job number only exists per job, so reading it must not resolve it.
+    result = run_probe_sweep(
+        tmp_path, "hydra/sweeper=furcate", "hydra.sweep.subdir=${hydra.job.num}", "+i=0,1"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "furcate: watching" in result.stdout
+    jobs = ran_jobs(tmp_path / "sweep")
+    assert list(jobs) == [0, 1]
+    for num in jobs:
+        assert (tmp_path / "sweep" / str(num) / "probe.json").is_file()
+
+
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path, mlflow_store: str) -> None:
     result = run_probe_sweep(tmp_path, *GRID, "mode=raise,ok", "+i=0,1,2")
     assert result.returncode != 0

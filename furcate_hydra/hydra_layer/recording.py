@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from furcate_hydra import env_vars
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.hydra_layer.command_line import given_overrides
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.hydra_layer.launcher_options import StoreOptions
 from furcate_hydra.hydra_layer.streaming import JobRun
@@ -64,7 +65,7 @@ class JobRecorder:
         self.code = code
         self._code_check = CodeCheck(code.key if code else None, options.code_change)
         self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
-        self._invocation = " ".join(launcher_config.hydra.overrides.task)
+        self._invocation = " ".join(given_overrides(launcher_config, "task"))
         self.store: RunStore | None = None
         if options.enabled:
             tracking = resolve_tracking_uri(options.tracking_uri)

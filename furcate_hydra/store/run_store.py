@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
 from furcate_hydra.store.decisions import CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.lookup import find_runs
@@ -55,6 +56,8 @@ class RunStore:
     ) -> None:
         from mlflow.tracking import MlflowClient
 
+        # Before the first client: on a database URI it loads MLflow's SQL store, which warns.
+        ignore_mlflow_sqlalchemy_deprecation()
         check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
         self.client = MlflowClient(tracking.uri)

@@ -42,7 +42,8 @@ class FurcateLauncher(Launcher):
         from furcate_hydra.hydra_layer.options import with_defaults
         from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
 
-        return LauncherOptions.parse(with_defaults(FurcateLauncherConf, options))
+        options = with_defaults(FurcateLauncherConf, options, "hydra/launcher=furcate")
+        return LauncherOptions.parse(options)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig

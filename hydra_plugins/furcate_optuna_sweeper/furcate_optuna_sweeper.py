@@ -27,7 +27,8 @@ class FurcateOptunaSweeper(SweeperBase["OptunaOptions"]):
         from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
         from hydra_plugins.furcate_optuna_sweeper.config import FurcateOptunaSweeperConf
 
-        return OptunaOptions.parse(with_defaults(FurcateOptunaSweeperConf, options))
+        options = with_defaults(FurcateOptunaSweeperConf, options, "hydra/sweeper=furcate_optuna")
+        return OptunaOptions.parse(options)
 
     def run(
         self, options: OptunaOptions, context: SweepContext, arguments: Sequence[str]

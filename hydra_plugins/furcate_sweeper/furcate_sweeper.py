@@ -27,7 +27,9 @@ class FurcateSweeper(SweeperBase["SweepOptions"]):
         from hydra_plugins.furcate_sweeper._core import SweepOptions
         from hydra_plugins.furcate_sweeper.config import FurcateSweeperConf
 
-        return SweepOptions.parse(with_defaults(FurcateSweeperConf, options))
+        return SweepOptions.parse(
+            with_defaults(FurcateSweeperConf, options, "hydra/sweeper=furcate")
+        )
 
     def run(
         self, options: SweepOptions, context: SweepContext, arguments: Sequence[str]
