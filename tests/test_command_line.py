@@ -36,5 +36,5 @@ def test_overrides_that_interpolate_job_fields_are_read_unresolved(
     assert given_overrides(master, "task") == TASK
     # The recorder tags the sweep's run with the command line: it must not resolve it either.
     options = FurcateLauncher.parse_options({"mlflow": {"enabled": False}}).store
-    JobRecorder(options, master)
+    JobRecorder(options, master, code=None)
     GlobalHydra.instance().clear()

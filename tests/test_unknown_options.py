@@ -44,7 +44,7 @@ OPTUNA: Parse = FurcateOptunaSweeper.parse_options
             LAUNCHER,
             {"colour": "blue"},  # nothing close: every option is listed
             "Invalid hydra.launcher.colour='blue': not an option of hydra/launcher=furcate. "
-            "Fix: set one of its options instead: allow_cpu, cpus_per_job,",
+            "Fix: set one of its options instead: allow_cpu, code_change, cpus_per_job,",
         ),
         (
             GRID,
