@@ -103,6 +103,7 @@ def test_a_value_added_to_the_sweep_runs_only_the_new_configs(
     assert len(fingerprints) == len(set(fingerprints)) == 4
 
 
+@pytest.mark.usefixtures("mlflow_store")
 def test_fingerprint_ignore_keys_do_not_make_a_config_new(tmp_path: Path) -> None:
     sweep(tmp_path, "first", "+lr=0.1", "+num_workers=2")
     sweep(
@@ -163,7 +164,6 @@ def test_default_store_is_mlflow_db_in_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    (tmp_path / "mlflow.db").unlink()
     sweep(tmp_path, "a", "+lr=0.1")
     runs = job_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert [r.data.params["lr"] for r in runs] == ["0.1"]

@@ -101,6 +101,7 @@ def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], exp
         (["returns=none"], "returned None, which is not a number. Fix: return a number"),
     ],
 )
+@pytest.mark.usefixtures("mlflow_store")
 def test_a_task_returning_the_wrong_values_fails_its_trial_with_a_clear_error(
     tmp_path: Path, overrides: list[str], expected: str
 ) -> None:
@@ -115,6 +116,7 @@ def test_a_task_returning_the_wrong_values_fails_its_trial_with_a_clear_error(
     assert expected.split(" (")[0] in trial.user_attrs["furcate_error"]
 
 
+@pytest.mark.usefixtures("mlflow_store")
 def test_a_study_keeps_its_directions(tmp_path: Path) -> None:
     first = run_study(tmp_path, "hydra.sweeper.n_trials=2")
     assert first.returncode == 0, first.stderr
