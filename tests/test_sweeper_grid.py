@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hydra.core.utils import JobStatus
 from hydra.errors import CompactHydraException
 
 from furcate_hydra.hydra_layer.grid import SweeperOptionError
 from furcate_hydra.store import RunStatus
-from tests.conftest import run_probe_sweep
+from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.option_helpers import parse_grid_sweeper_options
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs, ran_overrides
@@ -127,9 +128,15 @@ def test_bad_sweeper_option_values_are_named_with_their_fix(
     assert isinstance(raised.value, CompactHydraException)
 
 
-def test_a_bad_sweep_leaves_what_was_recorded_intact(tmp_path: Path, mlflow_store: str) -> None:
-    first = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01")
-    assert first.returncode == 0, first.stderr
+def test_a_bad_sweep_leaves_what_was_recorded_intact(
+    tmp_path: Path, mlflow_store: str, launch_jobs: LaunchJobs
+) -> None:
+    # what a sweep of sleep=0,0.01 records, run by the launcher in this process
+    recorded = launch_jobs(
+        [["sleep=0"], ["sleep=0.01"]],
+        [f"hydra.sweep.dir={tmp_path / 'first'}", "hydra.launcher.gpus=[0,1]"],
+    )
+    assert [r.status for r in recorded] == [JobStatus.COMPLETED] * 2
     before = [(r.info.run_id, r.info.status, r.info.end_time) for r in job_runs(mlflow_store)]
     bad = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01", "hydra.sweeper.exclude=[{sleeep: 0}]")
     assert bad.returncode != 0
