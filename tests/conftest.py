@@ -85,9 +85,29 @@ def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def unrequested_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A sqlite store in a folder that is never created: furcate refuses it before any job runs,
+    naming the folder, so a test that launches jobs without ``mlflow_store`` fails at once."""
+    folder = tmp_path_factory.getbasetemp() / "no-store-ask-for-the-mlflow_store-fixture"
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
 @pytest.fixture(autouse=True)
-def mlflow_store(tmp_path: Path, empty_mlflow_db: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test records into its own sqlite store in tmp_path (jobs inherit the variable)."""
+def no_outside_store(unrequested_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test records into the MLFLOW_TRACKING_URI of the shell that runs pytest."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", unrequested_store)
+
+
+@pytest.fixture
+def mlflow_store(
+    no_outside_store: None, tmp_path: Path, empty_mlflow_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """The test's own sqlite store in tmp_path, named by MLFLOW_TRACKING_URI (jobs inherit it).
+
+    Tests that launch jobs or read MLflow ask for it (as an argument, or a module's
+    ``pytestmark = pytest.mark.usefixtures("mlflow_store")``); pure unit tests pay nothing.
+    """
     path = tmp_path / "mlflow.db"
     shutil.copyfile(empty_mlflow_db, path)
     uri = f"sqlite:///{path}"
@@ -140,7 +160,10 @@ class LaunchJobs:
 
 
 @pytest.fixture
-def launch_jobs(tmp_path: Path, hydra_restore_singletons: Any) -> Iterator[LaunchJobs]:
+def launch_jobs(
+    tmp_path: Path, hydra_restore_singletons: Any, mlflow_store: str
+) -> Iterator[LaunchJobs]:
+    """Every launch records its jobs, into the test's own store."""
     sys.path.insert(0, str(APPS))  # the fork server inherits sys.path and imports probe_app
     harness = LaunchJobs(tmp_path / "sweep")
     try:

@@ -19,6 +19,9 @@ from pytest import mark
 
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
+# the suites launch jobs, which record into the test's own store
+pytestmark = mark.usefixtures("mlflow_store")
+
 FAST = ["hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]", "hydra.launcher.rerun=all"]
 
 

@@ -73,6 +73,7 @@ def test_crashed_job_is_retried_when_asked(launch_jobs: LaunchJobs, tmp_path: Pa
         del os.environ["PROBE_MARKER_DIR"]
 
 
+@pytest.mark.usefixtures("mlflow_store")
 def test_cli_sweep_with_a_failing_job_still_finishes_the_others(tmp_path: Path) -> None:
     result = run_probe_sweep(tmp_path, "mode=ok,segfault,ok")
     # Hydra's BasicSweeper re-raises the first failure once the whole batch is done.

@@ -1,59 +1,67 @@
-"""Bad launcher options stop the sweep before any job runs, with a message that says the fix."""
+"""Bad launcher options stop the sweep before any job runs, with a message that says the fix.
+
+Every bad value is checked in this process (``check_launcher_options``); one real CLI run per
+kind of check (a slot option, the tracking store named by the environment, Hydra's schema)
+proves that the error reaches the user through Hydra and that no job starts.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from furcate_hydra.errors import FurcateConfigError
 from tests.conftest import run_probe_sweep
+from tests.option_helpers import check_launcher_options
 
-CASES = [
-    # (overrides, env, key named, bad value shown)
-    (["hydra.launcher.gpus=[0,-1]"], {}, "hydra.launcher.gpus", "-1"),
-    (["hydra.launcher.gpus=[0,0]"], {}, "hydra.launcher.gpus", "[0, 0]"),
-    (["hydra.launcher.gpus=zero"], {}, "hydra.launcher.gpus", "'zero'"),
-    (["hydra.launcher.gpus=[0,1.5]"], {}, "hydra.launcher.gpus", "1.5"),
-    (["hydra.launcher.jobs_per_gpu=0"], {}, "hydra.launcher.jobs_per_gpu", "0"),
-    (["hydra.launcher.max_workers=-2"], {}, "hydra.launcher.max_workers", "-2"),
-    (["hydra.launcher.cpus_per_job=0"], {}, "hydra.launcher.cpus_per_job", "0"),
-    (["hydra.launcher.gpu_mem_per_job_gb=-1"], {}, "hydra.launcher.gpu_mem_per_job_gb", "-1"),
-    (["hydra.launcher.max_retries=-1"], {}, "hydra.launcher.max_retries", "-1"),
-    (["hydra.launcher.cpus_per_job=4096"], {}, "hydra.launcher.cpus_per_job", "4096"),
+CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
+    # (hydra.launcher options, env, key named, bad value shown)
+    ({"gpus": [0, -1]}, {}, "hydra.launcher.gpus", "-1"),
+    ({"gpus": [0, 0]}, {}, "hydra.launcher.gpus", "[0, 0]"),
+    ({"gpus": "zero"}, {}, "hydra.launcher.gpus", "'zero'"),
+    ({"gpus": [0, 1.5]}, {}, "hydra.launcher.gpus", "1.5"),
+    ({"jobs_per_gpu": 0}, {}, "hydra.launcher.jobs_per_gpu", "0"),
+    ({"max_workers": -2}, {}, "hydra.launcher.max_workers", "-2"),
+    ({"cpus_per_job": 0}, {}, "hydra.launcher.cpus_per_job", "0"),
+    ({"gpu_mem_per_job_gb": -1}, {}, "hydra.launcher.gpu_mem_per_job_gb", "-1"),
+    ({"max_retries": -1}, {}, "hydra.launcher.max_retries", "-1"),
+    ({"cpus_per_job": 4096}, {}, "hydra.launcher.cpus_per_job", "4096"),
     (
-        ["hydra.launcher.jobs_per_gpu=2", "hydra.launcher.gpu_mem_per_job_gb=4"],
+        {"jobs_per_gpu": 2, "gpu_mem_per_job_gb": 4},
         {},
         "hydra.launcher.jobs_per_gpu",
         "2",
     ),
-    (["hydra.launcher.rerun=sometimes"], {}, "hydra.launcher.rerun", "'sometimes'"),
-    (["hydra.launcher.mlflow.heartbeat_s=0"], {}, "hydra.launcher.mlflow.heartbeat_s", "0"),
+    ({"rerun": "sometimes"}, {}, "hydra.launcher.rerun", "'sometimes'"),
+    ({"mlflow": {"heartbeat_s": 0}}, {}, "hydra.launcher.mlflow.heartbeat_s", "0"),
     (
-        ["hydra.launcher.mlflow.tracking_uri=http://127.0.0.1:9"],
+        {"mlflow": {"tracking_uri": "http://127.0.0.1:9"}},
         {},
         "hydra.launcher.mlflow.tracking_uri",
         "'http://127.0.0.1:9'",
     ),
     (
-        [],
+        {},
         {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},
         "MLFLOW_TRACKING_URI",
         "'http://127.0.0.1:9'",
     ),
     (
-        ["hydra.launcher.mlflow.tracking_uri=sqlite:////no/such/folder/mlflow.db"],
+        {"mlflow": {"tracking_uri": "sqlite:////no/such/folder/mlflow.db"}},
         {},
         "hydra.launcher.mlflow.tracking_uri",
         "/no/such/folder",
     ),
     (
-        ["hydra.launcher.mlflow.tracking_uri=ftp://example.org/runs"],
+        {"mlflow": {"tracking_uri": "ftp://example.org/runs"}},
         {},
         "hydra.launcher.mlflow.tracking_uri",
         "'ftp://example.org/runs'",
     ),
     (
-        ["hydra.launcher.allow_cpu=false"],
+        {"allow_cpu": False},
         {"CUDA_VISIBLE_DEVICES": ""},
         "hydra.launcher.allow_cpu",
         "False",
@@ -61,7 +69,38 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("overrides", "env", "key", "value"), CASES)
+@pytest.mark.parametrize(("options", "env", "key", "value"), CASES)
+def test_bad_option_is_named_with_its_value_and_fix(
+    monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, Any],
+    env: dict[str, str],
+    key: str,
+    value: str,
+) -> None:
+    for name, setting in env.items():
+        monkeypatch.setenv(name, setting)
+    with pytest.raises(FurcateConfigError) as raised:
+        check_launcher_options(options)
+    message = str(raised.value)
+    assert f"Invalid {key}=" in message, message
+    assert value in message, message
+    assert "Fix:" in message, message
+
+
+CLI_CASES = [
+    # (overrides, env, key named, bad value shown)
+    (["hydra.launcher.gpus=[0,-1]"], {}, "hydra.launcher.gpus", "-1"),  # the slot plan
+    (
+        [],  # the tracking store, named by the environment the jobs would inherit
+        {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},
+        "MLFLOW_TRACKING_URI",
+        "'http://127.0.0.1:9'",
+    ),
+]
+
+
+@pytest.mark.usefixtures("mlflow_store")
+@pytest.mark.parametrize(("overrides", "env", "key", "value"), CLI_CASES)
 def test_bad_option_is_a_clear_error_before_any_job(
     tmp_path: Path, overrides: list[str], env: dict[str, str], key: str, value: str
 ) -> None:
@@ -75,13 +114,16 @@ def test_bad_option_is_a_clear_error_before_any_job(
     assert not list(sweep.glob("*/probe.json")), "a job ran despite the bad option"
 
 
-def test_malformed_cuda_visible_devices_is_named(tmp_path: Path) -> None:
-    result = run_probe_sweep(tmp_path, "+i=0,1", env={"CUDA_VISIBLE_DEVICES": "0,bogus"})
-    assert result.returncode != 0
-    assert "CUDA_VISIBLE_DEVICES" in result.stderr and "bogus" in result.stderr
-    assert "Fix:" in result.stderr
+def test_malformed_cuda_visible_devices_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,bogus")
+    with pytest.raises(FurcateConfigError) as raised:
+        check_launcher_options({})
+    message = str(raised.value)
+    assert "CUDA_VISIBLE_DEVICES" in message and "bogus" in message
+    assert "Fix:" in message
 
 
+@pytest.mark.usefixtures("mlflow_store")
 def test_mistyped_count_is_rejected_by_the_schema(tmp_path: Path) -> None:
     result = run_probe_sweep(tmp_path, "+i=0,1", "hydra.launcher.jobs_per_gpu=two")
     assert result.returncode != 0

@@ -7,7 +7,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import run_probe_sweep
+
+# every test here launches jobs, which record into the test's own store
+pytestmark = pytest.mark.usefixtures("mlflow_store")
 
 
 def _probes(sweep: Path) -> list[dict[str, Any]]:

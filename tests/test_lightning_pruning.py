@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import warnings
+from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -172,11 +173,10 @@ def report_steps(url: str, number: int, start: Event) -> None:
         pruning.report(float(number + epoch), epoch)
 
 
-def test_concurrent_jobs_report_to_one_sqlite_study(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/optuna.db"
-    study = optuna.create_study(study_name=STUDY, storage=url)
-    numbers = [study.ask().number for _ in range(3)]
-    context = multiprocessing.get_context("spawn")
+def report_concurrently(url: str, numbers: list[int], exit_codes: Connection) -> None:
+    """In a fresh process that imported this module once: one forked process per trial, as
+    the launcher's fork server forks jobs, all let go at once; sends back their exit codes."""
+    context = multiprocessing.get_context("fork")
     start = context.Event()
     jobs = [context.Process(target=report_steps, args=(url, n, start)) for n in numbers]
     for job in jobs:
@@ -184,7 +184,25 @@ def test_concurrent_jobs_report_to_one_sqlite_study(tmp_path: Path) -> None:
     start.set()
     for job in jobs:
         job.join(timeout=120)
-    assert [job.exitcode for job in jobs] == [0] * len(jobs)
+    exit_codes.send([job.exitcode for job in jobs])
+
+
+def test_concurrent_jobs_report_to_one_sqlite_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(study_name=STUDY, storage=url)
+    numbers = [study.ask().number for _ in range(3)]
+    # Spawned, not forked from this process (its threads and open connections stay here);
+    # its children are forked so that Lightning, which OptunaPruning imports, loads once.
+    context = multiprocessing.get_context("spawn")
+    received, sent = context.Pipe(duplex=False)
+    host = context.Process(target=report_concurrently, args=(url, numbers, sent))
+    host.start()
+    sent.close()
+    assert received.poll(timeout=240), "the reporting processes did not finish"
+    exit_codes = received.recv()
+    host.join(timeout=60)
+    assert host.exitcode == 0
+    assert exit_codes == [0] * len(numbers)
     for number in numbers:
         expected = {epoch: float(number + epoch) for epoch in range(STEPS)}
         assert stored_trial(url, number).intermediate_values == expected

@@ -1,7 +1,8 @@
 """Every job an MLflow run; a rerun skips what finished and runs only what is new or failed.
 
 Real CLI runs of the probe app (real fork server and job processes) against a real sqlite
-store in tmp_path.
+store in tmp_path. Where a sweep only records what a later CLI sweep must find, the launcher
+runs it in this process (``recorded_sweep``): the same launcher, fork server, jobs and store.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def sweep(tmp_path: Path, name: str, *overrides: str) -> Any:
     result = run_probe_sweep(tmp_path, f"hydra.sweep.dir={tmp_path / name}", *overrides)
     assert result.returncode == 0, result.stderr
     return result
+
+
+def recorded_sweep(launch_jobs: LaunchJobs, sweep_dir: Path, *jobs: list[str]) -> None:
+    """A sweep of ``jobs`` (each one's overrides) run by the launcher in this process: the
+    store as a first CLI sweep leaves it, for a test whose CLI sweep reruns it."""
+    returns = launch_jobs(list(jobs), [f"hydra.sweep.dir={sweep_dir}"])
+    assert [r.status for r in returns] == [JobStatus.COMPLETED] * len(jobs)
 
 
 def test_every_job_is_a_run_under_the_sweep_run(tmp_path: Path, mlflow_store: str) -> None:
@@ -69,9 +77,10 @@ def test_every_job_is_a_run_under_the_sweep_run(tmp_path: Path, mlflow_store: st
 
 
 def test_the_same_sweep_twice_runs_nothing_the_second_time(
-    tmp_path: Path, mlflow_store: str
+    tmp_path: Path, mlflow_store: str, launch_jobs: LaunchJobs
 ) -> None:
-    sweep(tmp_path, "first", "+lr=0.1,0.01,0.001")
+    # the first sweep of +lr=0.1,0.01,0.001 in this process, the second through the CLI
+    recorded_sweep(launch_jobs, tmp_path / "first", ["+lr=0.1"], ["+lr=0.01"], ["+lr=0.001"])
     second = sweep(tmp_path, "second", "+lr=0.1,0.01,0.001")
     assert ran(tmp_path / "first") == ["0", "1", "2"]
     assert ran(tmp_path / "second") == []
@@ -92,9 +101,10 @@ def test_skipped_jobs_return_the_recorded_values(launch_jobs: LaunchJobs) -> Non
 
 
 def test_a_value_added_to_the_sweep_runs_only_the_new_configs(
-    tmp_path: Path, mlflow_store: str
+    tmp_path: Path, mlflow_store: str, launch_jobs: LaunchJobs
 ) -> None:
-    sweep(tmp_path, "first", "+lr=0.1,0.01", "+bs=32")
+    # the first sweep of +lr=0.1,0.01 +bs=32 in this process, the second through the CLI
+    recorded_sweep(launch_jobs, tmp_path / "first", ["+lr=0.1", "+bs=32"], ["+lr=0.01", "+bs=32"])
     second = sweep(tmp_path, "second", "+lr=0.1,0.01", "+bs=32,64")
     # Hydra orders the grid lr-major: (0.1,32) (0.1,64) (0.01,32) (0.01,64).
     assert ran(tmp_path / "second") == ["1", "3"]
@@ -103,8 +113,11 @@ def test_a_value_added_to_the_sweep_runs_only_the_new_configs(
     assert len(fingerprints) == len(set(fingerprints)) == 4
 
 
-def test_fingerprint_ignore_keys_do_not_make_a_config_new(tmp_path: Path) -> None:
-    sweep(tmp_path, "first", "+lr=0.1", "+num_workers=2")
+def test_fingerprint_ignore_keys_do_not_make_a_config_new(
+    tmp_path: Path, launch_jobs: LaunchJobs
+) -> None:
+    # the first sweep in this process, the two that read its record through the CLI
+    recorded_sweep(launch_jobs, tmp_path / "first", ["+lr=0.1", "+num_workers=2"])
     sweep(
         tmp_path,
         "second",
@@ -163,7 +176,6 @@ def test_default_store_is_mlflow_db_in_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    (tmp_path / "mlflow.db").unlink()
     sweep(tmp_path, "a", "+lr=0.1")
     runs = job_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert [r.data.params["lr"] for r in runs] == ["0.1"]

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hydra.core.utils import JobStatus
+from hydra.errors import CompactHydraException
 
+from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.store import RunStatus
-from tests.conftest import run_probe_sweep
+from tests.conftest import LaunchJobs, run_probe_sweep
+from tests.option_helpers import parse_grid_sweeper_options
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs, ran_overrides
+
+# every test here launches jobs, which record into the test's own store
+pytestmark = pytest.mark.usefixtures("mlflow_store")
 
 GRID = ["hydra/sweeper=furcate", "hydra.launcher.gpus=[0,1]"]
 
@@ -84,6 +92,7 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path, mlflow_store: str
 
 
 BAD_OPTIONS = [
+    # found while planning the grid (the command line, the params, the composed configs)
     (
         ["+hydra.sweeper.params.sleep='interval(0,1)'"],
         "Invalid hydra.sweeper.params.sleep='interval(0,1)': is an interval",
@@ -91,10 +100,8 @@ BAD_OPTIONS = [
     (["sleep=interval(0,1)"], "Invalid sleep='interval(0,1)': is an interval"),
     (["+hydra.sweeper.params.sleep='1,2,('"], "Invalid hydra.sweeper.params.sleep='1,2,('"),
     (["hydra.sweeper.exclude=[{sleeep: 0}]"], "Invalid hydra.sweeper.exclude[0]='sleeep'"),
-    (["hydra.sweeper.exclude=[{}]"], "Invalid hydra.sweeper.exclude[0]={}"),
-    (["hydra.sweeper.exclude=[{sleep: []}]"], "Invalid hydra.sweeper.exclude[0].sleep=[]"),
+    # found by the sweeper's setup, reading its options (more values below, in this process)
     (["hydra.sweeper.max_batch_size=0"], "Invalid hydra.sweeper.max_batch_size=0"),
-    (["hydra.sweeper.watch_interval_s=0"], "Invalid hydra.sweeper.watch_interval_s=0.0"),
 ]
 
 
@@ -113,9 +120,37 @@ def test_bad_sweeper_options_stop_before_anything_runs(
     assert job_runs(mlflow_store) == []
 
 
-def test_a_bad_sweep_leaves_what_was_recorded_intact(tmp_path: Path, mlflow_store: str) -> None:
-    first = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01")
-    assert first.returncode == 0, first.stderr
+BAD_OPTION_VALUES: list[tuple[dict[str, Any], str]] = [
+    ({"exclude": [{}]}, "Invalid hydra.sweeper.exclude[0]={}"),
+    ({"exclude": [{"sleep": []}]}, "Invalid hydra.sweeper.exclude[0].sleep=[]"),
+    ({"max_batch_size": 0}, "Invalid hydra.sweeper.max_batch_size=0"),
+    ({"watch_interval_s": 0.0}, "Invalid hydra.sweeper.watch_interval_s=0.0"),
+]
+
+
+@pytest.mark.parametrize(
+    "options, message", BAD_OPTION_VALUES, ids=[next(iter(o[0])) for o in BAD_OPTION_VALUES]
+)
+def test_bad_sweeper_option_values_are_named_with_their_fix(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(OptionError) as raised:
+        parse_grid_sweeper_options({"params": {"sleep": "0,0.01"}, **options})
+    assert message in str(raised.value)
+    assert "Fix:" in str(raised.value)
+    # what Hydra prints as a compact message, not a stack trace
+    assert isinstance(raised.value, CompactHydraException)
+
+
+def test_a_bad_sweep_leaves_what_was_recorded_intact(
+    tmp_path: Path, mlflow_store: str, launch_jobs: LaunchJobs
+) -> None:
+    # what a sweep of sleep=0,0.01 records, run by the launcher in this process
+    recorded = launch_jobs(
+        [["sleep=0"], ["sleep=0.01"]],
+        [f"hydra.sweep.dir={tmp_path / 'first'}", "hydra.launcher.gpus=[0,1]"],
+    )
+    assert [r.status for r in recorded] == [JobStatus.COMPLETED] * 2
     before = [(r.info.run_id, r.info.status, r.info.end_time) for r in job_runs(mlflow_store)]
     bad = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01", "hydra.sweeper.exclude=[{sleeep: 0}]")
     assert bad.returncode != 0

@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import APPS
 from tests.sweeper_helpers import ran_jobs
 
+# every test here launches jobs, which record into the test's own store
+pytestmark = pytest.mark.usefixtures("mlflow_store")
+
 CONFIG = """\
 defaults:
   - override hydra/launcher: furcate

@@ -24,6 +24,9 @@ from tests.process_helpers import start_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
 from tests.sweeper_helpers import ran_jobs
 
+# every test here launches jobs, which record into the test's own store
+pytestmark = pytest.mark.usefixtures("mlflow_store")
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 

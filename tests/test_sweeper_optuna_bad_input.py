@@ -1,5 +1,5 @@
 """Bad furcate_optuna input: a message naming the key, the value and the fix; nothing recorded
-is lost. Each case runs the real CLI."""
+is lost. Each kind of check runs the real CLI; more bad option values are read in this process."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from typing import Any
 
 import optuna
 import pytest
+from hydra.errors import CompactHydraException
 from optuna.trial import TrialState
 
 from furcate_hydra.hydra_layer.options import OptionError
 from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from tests.conftest import run_optuna_study as run_study
+from tests.option_helpers import parse_optuna_sweeper_options
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs
 
@@ -35,10 +37,6 @@ from tests.sweeper_helpers import ran_jobs
         (
             ["hydra.sweeper.params.x='interval(0,'"],
             ["Invalid hydra.sweeper.params.x='interval(0,'", "is not a valid search space"],
-        ),
-        (
-            ["hydra.sweeper.storage=optuna.db"],
-            ["Invalid hydra.sweeper.storage='optuna.db'", "sqlite:///optuna.db"],
         ),
         (
             ["hydra/sweeper/sampler=grid"],  # x is an interval: no grid to walk
@@ -80,9 +78,20 @@ def test_bad_options_stop_before_any_trial(
 )
 def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], expected: str) -> None:
     with pytest.raises(OptionError) as raised:
-        FurcateOptunaSweeper.parse_options({"pruner": {"name": "none"}, **options})
+        parse_optuna_sweeper_options({"pruner": {"name": "none"}, **options})
     assert expected in str(raised.value)
     assert "Fix: " in str(raised.value)
+
+
+def test_a_storage_that_is_not_a_url_is_named_with_its_fix() -> None:
+    # the CLI cases above show such an error stopping the sweep before any trial
+    with pytest.raises(OptionError) as raised:
+        parse_optuna_sweeper_options({"pruner": {"name": "none"}, "storage": "optuna.db"})
+    message = str(raised.value)
+    assert "Invalid hydra.sweeper.storage='optuna.db'" in message
+    assert "sqlite:///optuna.db" in message
+    # what Hydra prints as a compact message, not a stack trace
+    assert isinstance(raised.value, CompactHydraException)
 
 
 @pytest.mark.parametrize(
@@ -149,6 +158,7 @@ def test_a_bad_search_space_is_named_with_its_value_and_fix(
         (["returns=none"], "returned None, which is not a number. Fix: return a number"),
     ],
 )
+@pytest.mark.usefixtures("mlflow_store")
 def test_a_task_returning_the_wrong_values_fails_its_trial_with_a_clear_error(
     tmp_path: Path, overrides: list[str], expected: str
 ) -> None:
@@ -163,6 +173,7 @@ def test_a_task_returning_the_wrong_values_fails_its_trial_with_a_clear_error(
     assert expected.split(" (")[0] in trial.user_attrs["furcate_error"]
 
 
+@pytest.mark.usefixtures("mlflow_store")
 def test_a_study_keeps_its_directions(tmp_path: Path) -> None:
     first = run_study(tmp_path, "hydra.sweeper.n_trials=2")
     assert first.returncode == 0, first.stderr

@@ -23,6 +23,9 @@ from optuna.trial import TrialState
 
 from tests.conftest import APPS, run_cli
 
+# every test here launches jobs, which record into the test's own store
+pytestmark = pytest.mark.usefixtures("mlflow_store")
+
 SPHERE = APPS / "sphere"
 
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_probe_sweep
 from tests.sweeper_helpers import ran_jobs
+
+# every test here launches jobs, which record into the test's own store
+pytestmark = pytest.mark.usefixtures("mlflow_store")
 
 # One slow job then three fast ones on two slots. Hydra's batches of two would hold jobs 2
 # and 3 back until the slow job 0 ends.
