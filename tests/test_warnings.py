@@ -16,7 +16,9 @@ from tests.sweeper_helpers import ran_jobs
 AS_ERRORS = {"PYTHONWARNINGS": "error::DeprecationWarning"}
 
 
-def test_a_sweep_runs_with_deprecation_warnings_as_errors(tmp_path: Path) -> None:
+def test_a_sweep_runs_with_deprecation_warnings_as_errors(
+    tmp_path: Path, mlflow_store: str
+) -> None:
     # The launcher opens its MLflow store (MLflow's SQL store warns when it loads), the grid
     # sweeper plans and watches, the fork server and the jobs inherit the setting.
     result = run_probe_sweep(tmp_path, "hydra/sweeper=furcate", "+i=0,1", env=AS_ERRORS)
