@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -41,6 +45,17 @@ def start_sweep(
 def start_probe_sweep(tmp_path: Path, *overrides: str) -> subprocess.Popen[bytes]:
     """The probe app's sweep; stdout and stderr piped (Hydra logs to stdout)."""
     return start_sweep("probe_app.py", tmp_path, *overrides, stdout=subprocess.PIPE)
+
+
+@contextmanager
+def killed_if_left(process: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """The sweep's process group is SIGKILLed if the test leaves it running (a failed wait)."""
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def alive(pid: int) -> bool:

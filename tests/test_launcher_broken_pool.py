@@ -18,7 +18,13 @@ from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.hydra_layer.streaming import JobRequest
 from furcate_hydra.store import Tags
 from tests.conftest import LaunchJobs
-from tests.process_helpers import alive, start_probe_sweep, still_alive, wait_for_descendants
+from tests.process_helpers import (
+    alive,
+    killed_if_left,
+    start_probe_sweep,
+    still_alive,
+    wait_for_descendants,
+)
 from tests.store_helpers import job_runs, sweep_runs
 
 LOST = "The fork server stopped unexpectedly"
@@ -77,7 +83,7 @@ def test_a_sweep_whose_fork_server_dies_stops_with_the_reason_and_records_it(
         "+i=0,1,2",
         "hydra.launcher.gpus=[0,1]",
     )
-    try:
+    with killed_if_left(process):
         launcher = psutil.Process(process.pid)
         # fork server + 2 jobs + 2 children per job
         descendants = wait_for_descendants(launcher, 7, timeout=60)
@@ -88,10 +94,6 @@ def test_a_sweep_whose_fork_server_dies_stops_with_the_reason_and_records_it(
         assert server is not None and len(descendants) >= 7
         os.kill(server, signal.SIGKILL)
         _, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     text = stderr.decode()
     assert process.returncode != 0
     assert "the local slot pool is broken" in text and LOST in text

@@ -12,7 +12,12 @@ import psutil
 import pytest
 
 from furcate_hydra.execution import interrupts
-from tests.process_helpers import start_probe_sweep, still_alive, wait_for_descendants
+from tests.process_helpers import (
+    killed_if_left,
+    start_probe_sweep,
+    still_alive,
+    wait_for_descendants,
+)
 from tests.store_helpers import job_runs
 
 
@@ -37,7 +42,7 @@ def test_interrupt_leaves_no_process_behind(
         "+i=0,1",
         "hydra.launcher.gpus=[0,1]",
     )
-    try:
+    with killed_if_left(process):
         # fork server + 2 jobs + 2 children per job
         descendants = wait_for_descendants(psutil.Process(process.pid), 7, timeout=60)
         time.sleep(0.5)
@@ -51,10 +56,6 @@ def test_interrupt_leaves_no_process_behind(
             os.kill(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate(timeout=30)
         took = time.monotonic() - began
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     assert still_alive(descendants) == []
     assert process.returncode != 0
     assert took < 15, f"stopping took {took:.1f} s; stderr:\n{stderr.decode()}"
@@ -78,7 +79,7 @@ def test_ctrl_c_during_the_fork_servers_warm_up_stops_the_sweep(
     process = start_probe_sweep(
         tmp_path, "+i=0,1", "hydra.launcher.preload=[torch,pytorch_lightning]"
     )
-    try:
+    with killed_if_left(process):
         launcher = psutil.Process(process.pid)
         server = wait_for_descendants(launcher, 1, timeout=60)
         time.sleep(0.5)
@@ -86,10 +87,6 @@ def test_ctrl_c_during_the_fork_servers_warm_up_stops_the_sweep(
         os.killpg(process.pid, signal.SIGINT)
         stdout, stderr = process.communicate(timeout=30)
         took = time.monotonic() - began
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     output = (stdout + stderr).decode()
     assert process.returncode == 128 + signal.SIGINT, output
     assert took < 10, f"stopping took {took:.1f} s:\n{output}"
