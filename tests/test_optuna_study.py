@@ -9,7 +9,8 @@ from pathlib import Path
 import optuna
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
-from optuna.trial import TrialState
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
 
 from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.layout import SweepPaths
@@ -17,6 +18,7 @@ from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
 from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
+    ask_owned,
     counts,
     open_study,
     recover_trials,
@@ -35,10 +37,13 @@ def new_study(tmp_path: Path, directions: tuple[str, ...] = ("minimize",)) -> op
     return open_study(f"sqlite:///{tmp_path}/optuna.db", "s", directions, sampler, None)
 
 
-def running_trial(study: optuna.Study, identity: dict[str, str] | None) -> optuna.Trial:
-    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+X: dict[str, BaseDistribution] = {"x": optuna.distributions.FloatDistribution(0, 1)}
+
+
+def running_trial(study: optuna.Study, identity: str | None) -> optuna.Trial:
+    trial = study.ask(X)
     if identity is not None:
-        study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, json.dumps(identity))
+        study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, identity)
     return trial
 
 
@@ -46,11 +51,11 @@ def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> No
     study = new_study(tmp_path)
     done = running_trial(study, sweeper_identity())
     study.tell(done, 1.0)
-    dead = running_trial(study, exited_launcher().tags())
+    dead = running_trial(study, json.dumps(exited_launcher().tags()))
     alive = running_trial(study, sweeper_identity())  # this process: still running it
     foreign = running_trial(study, None)  # asked by someone else: theirs to tell
 
-    state = recover_trials(study)
+    state = recover_trials(study, sweeper_identity())
     assert (state.recovered, state.retried, state.running_elsewhere) == (1, 1, 2)
     assert state.counted == 3  # the completed one and the two still running
     frozen = study.trials[dead.number]
@@ -58,12 +63,37 @@ def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> No
     assert "has exited" in frozen.system_attrs[Attrs.INTERRUPTED]
     assert study.trials[alive.number].state is TrialState.RUNNING
     assert study.trials[foreign.number].state is TrialState.RUNNING
+    # the queued retry already names the sweeper that enqueued it: popped, it is never
+    # RUNNING without an owner a rerun can check
+    (queued,) = study.get_trials(states=(TrialState.WAITING,))
+    assert queued.system_attrs[Attrs.SWEEPER] == sweeper_identity()
     # the retry is asked next, with the dead trial's params
-    retry = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    retry = ask_owned(study, X, "the asking sweeper")
     assert retry.params == frozen.params
     assert retry.user_attrs[Attrs.RETRY_OF] == dead.number
+    assert study.trials[retry.number].system_attrs[Attrs.SWEEPER] == "the asking sweeper"
+    assert not study.get_trials(states=(TrialState.WAITING,))  # no placeholder left behind
     # a later sweep does not enqueue it again
-    assert recover_trials(study).retried == 0
+    assert recover_trials(study, sweeper_identity()).retried == 0
+
+
+def test_an_asked_trial_is_owned_from_its_first_write(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    real_ask = study.ask
+    seen: list[FrozenTrial] = []
+
+    def ask_and_look(*args: object, **kwargs: object) -> optuna.Trial:
+        trial = real_ask(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(study._storage.get_trial(trial._trial_id))  # before the claim
+        return trial
+
+    study.ask = ask_and_look  # type: ignore[method-assign]
+    trials = [ask_owned(study, X, f"sweeper {i}") for i in range(3)]
+    # a sweep killed right after ask leaves a trial that names its sweeper
+    assert [t.state for t in seen] == [TrialState.RUNNING] * 3
+    assert [t.system_attrs[Attrs.SWEEPER] for t in seen] == [f"sweeper {i}" for i in range(3)]
+    assert [t.number for t in trials] == [0, 1, 2]
+    assert not study.get_trials(states=(TrialState.WAITING,))
 
 
 def test_what_counts_toward_n_trials(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from hydra_plugins.furcate_optuna_sweeper._space import (
 )
 from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
+    ask_owned,
     open_study,
     recover_trials,
     shown_url,
@@ -102,14 +103,14 @@ class StudySweep:
         self.study = open_study(
             self.storage, self.study_name, options.directions, sampler, options.pruner_object()
         )
-        state = recover_trials(self.study)
+        self._identity = sweeper_identity()
+        state = recover_trials(self.study, self._identity)
         self._reseed(config, sampler)
         self.to_start = max(0, n_trials - state.counted)
         self.started = self.told = 0
         self.failures: list[BaseException] = []
         self.returns: dict[int, JobReturn] = {}
         self.next_num = 0
-        self._identity = sweeper_identity()
         pruning = (
             f"pruner {options.pruner['name']} on {options.monitor}"
             if options.monitor
@@ -144,9 +145,8 @@ class StudySweep:
     def ask(self) -> tuple[optuna.Trial, list[str]]:
         """The next trial and its task's overrides, resampled while exclusion rules match."""
         for _ in range(self.options.max_resamples):
-            trial = self.study.ask(fixed_distributions=self.space.distributions)
+            trial = ask_owned(self.study, self.space.distributions, self._identity)
             try:
-                self._set_attr(trial, Attrs.SWEEPER, _json(self._identity))
                 task = self._task_overrides(trial)
                 rule = self._excluded_by(task)
                 if rule is None:
@@ -391,12 +391,6 @@ def _grid_configs(space: SearchSpace, grid: dict[str, list[Any]]) -> list[list[s
         space.overrides(dict(zip(keys, values, strict=True)))
         for values in itertools.product(*grid.values())
     ]
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True)
 
 
 def run_study(
