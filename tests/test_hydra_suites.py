@@ -1,13 +1,25 @@
 """Hydra's own conformance suites, run against ``hydra/launcher=furcate`` and, on it or on
-Hydra's basic launcher, ``hydra/sweeper=furcate``.
+Hydra's basic launcher, ``hydra/sweeper=furcate``, in three shapes:
+
+- each test with its own MLflow store, every job run (rerun=all: some cases run one config
+  twice and look at what the second run wrote);
+- the job-num interpolation a user types (``hydra.sweep.subdir=${hydra.job.num}``);
+- one store shared by all the tests of a class, as the default store in a working dir is:
+  with the default rerun policy a config finished in an earlier test is skipped, and its
+  JobReturn must still satisfy the suite (the recorded return value, a working dir with the
+  job's log and ``.hydra/`` files). The integration suite's tasks write files as they run,
+  which a skipped job cannot, so its shared-store shape runs every job.
 
 The suites' tasks do not use torch, so the fork server preloads nothing here; the default
-preload is exercised by the reference-app tests. Some suite cases run one config twice and
-expect it to run twice, so every job is recorded in MLflow but none is skipped (rerun=all).
+preload is exercised by the reference-app tests.
 """
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import pytest
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.test_utils.launcher_common_tests import (
@@ -18,11 +30,34 @@ from hydra.test_utils.launcher_common_tests import (
 from pytest import mark
 
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
+from tests.store_helpers import job_runs
 
-# the suites launch jobs, which record into the test's own store
-pytestmark = mark.usefixtures("mlflow_store")
+SLOTS = ["hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]"]
+FAST = [*SLOTS, "hydra.launcher.rerun=all"]
 
-FAST = ["hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]", "hydra.launcher.rerun=all"]
+
+@pytest.fixture(scope="class")
+def class_store_path(tmp_path_factory: pytest.TempPathFactory, empty_mlflow_db: Path) -> Path:
+    path = tmp_path_factory.mktemp("class_store") / "mlflow.db"
+    shutil.copyfile(empty_mlflow_db, path)
+    return path
+
+
+@pytest.fixture
+def class_store(
+    no_outside_store: None, class_store_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """One sqlite store for every test of the class (jobs inherit MLFLOW_TRACKING_URI)."""
+    uri = f"sqlite:///{class_store_path}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def assert_nothing_ran_twice(uri: str) -> None:
+    """The class's tests ran configs more than once; each finished config has one run."""
+    fingerprints = [run.data.tags["furcate.fingerprint"] for run in job_runs(uri)]
+    assert fingerprints
+    assert len(set(fingerprints)) == len(fingerprints)
 
 
 def test_discovery() -> None:
@@ -31,11 +66,24 @@ def test_discovery() -> None:
     assert FurcateLauncher.__name__ in [launcher.__name__ for launcher in launchers]
 
 
+@mark.usefixtures("mlflow_store")
 @mark.parametrize("launcher_name, overrides", [("furcate", FAST)])
 class TestFurcateLauncher(LauncherTestSuite):
     pass
 
 
+@mark.usefixtures("class_store")
+@mark.parametrize("launcher_name, overrides", [("furcate", SLOTS)])
+class TestFurcateLauncherSharedStore(LauncherTestSuite):
+    """Configs finished by an earlier test of the class are skipped, not run again."""
+
+    def test_no_config_ran_twice(
+        self, class_store: str, launcher_name: str, overrides: list[str]
+    ) -> None:  # defined here, it runs after the suite's cases
+        assert_nothing_ran_twice(class_store)
+
+
+@mark.usefixtures("mlflow_store")
 @mark.parametrize(
     "task_launcher_cfg, extra_flags",
     [({}, ["-m", "hydra/job_logging=disabled", "hydra/launcher=furcate", *FAST])],
@@ -44,17 +92,29 @@ class TestFurcateLauncherIntegration(IntegrationTestSuite):
     pass
 
 
+@mark.slow
+@mark.usefixtures("class_store")
+@mark.parametrize(
+    "task_launcher_cfg, extra_flags",
+    [({}, ["-m", "hydra/job_logging=disabled", "hydra/launcher=furcate", *FAST])],
+)
+class TestFurcateLauncherIntegrationSharedStore(IntegrationTestSuite):
+    """Every test's runs in one store: sweeps and runs of other tests do not get in the way."""
+
+
 SWEEPER = ["hydra/sweeper=furcate"]
 # Hydra's default subdir, typed on the command line: a job field the launcher's process must
 # pass on unresolved (the suites' own cases set it in the integration suite).
 JOB_NUM_SUBDIR = "hydra.sweep.subdir=${hydra.job.num}"
 
 
+@mark.usefixtures("mlflow_store")
 @mark.parametrize("launcher_name, overrides", [("furcate", [*FAST, *SWEEPER, JOB_NUM_SUBDIR])])
 class TestFurcateSweeperStreaming(LauncherTestSuite):
     """The launcher suite again, with the grid sweeper streaming jobs onto the slots."""
 
 
+@mark.usefixtures("mlflow_store")
 @mark.parametrize(
     "task_launcher_cfg, extra_flags",
     [({}, ["-m", "hydra/job_logging=disabled", "hydra/launcher=furcate", *SWEEPER, *FAST])],
@@ -65,6 +125,7 @@ class TestFurcateSweeperIntegration(IntegrationTestSuite):
     line, which only a job can resolve, and the sweeper reads the command line to reload edits."""
 
 
+@mark.usefixtures("mlflow_store")
 @mark.parametrize(
     "launcher_name, overrides",
     [
@@ -75,3 +136,23 @@ class TestFurcateSweeperIntegration(IntegrationTestSuite):
 )
 class TestFurcateSweeperBatched(BatchedSweeperTestSuite):
     """Returns come grouped in max_batch_size batches, whether streamed or launched in batches."""
+
+
+BATCHED_SHARED = [*SLOTS, *SWEEPER, JOB_NUM_SUBDIR, "hydra.sweeper.max_batch_size=2"]
+
+
+@mark.usefixtures("class_store")
+@mark.parametrize(
+    "launcher_name, overrides",
+    # the suite extends the list it is given: one copy each
+    [("furcate", list(BATCHED_SHARED)), ("furcate", list(BATCHED_SHARED))],
+    ids=["runs", "skips-all"],
+)
+class TestFurcateSweeperSharedStore(BatchedSweeperTestSuite):
+    """The batched suite twice on one store: the second sweep's six jobs are all skipped, and
+    their returns still come in batches with each job's recorded dir."""
+
+    def test_no_config_ran_twice(
+        self, class_store: str, launcher_name: str, overrides: list[str]
+    ) -> None:
+        assert_nothing_ran_twice(class_store)

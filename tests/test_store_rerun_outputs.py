@@ -39,6 +39,9 @@ def test_a_rerun_gives_skipped_jobs_a_dir_and_every_row_its_metrics(
         overrides = OmegaConf.load(second / ".hydra" / "overrides.yaml")
         assert overrides == OmegaConf.load(first / ".hydra" / "overrides.yaml")
         assert OmegaConf.load(second / ".hydra" / "config.yaml").lr == lr
+        # and the job's log, as Hydra's job logging writes one in every job dir
+        log_line = (second / "probe_app.log").read_text()
+        assert ran["run_id"] in log_line and str(first) in log_line
 
     rows = list(csv.DictReader((tmp_path / "second" / "run_data.csv").open()))
     assert [float(row["score"]) for row in rows] == list(LRS)

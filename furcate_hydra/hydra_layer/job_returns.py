@@ -26,9 +26,19 @@ def synthetic_job_return(
         overrides=list(overrides) if isinstance(overrides, list) else [],
         cfg=task_cfg,
         hydra_cfg=hydra_cfg,
-        working_dir=str(output_dir) if sweep_config.hydra.job.chdir else os.getcwd(),
+        working_dir=str(output_dir) if _changes_dir(sweep_config) else os.getcwd(),
         task_name=str(sweep_config.hydra.job.name),
         status=status,
     )
     job_return.return_value = value
     return job_return
+
+
+def _changes_dir(sweep_config: DictConfig) -> bool:
+    # as run_job decides: unset chdir means True for apps on version_base < 1.2
+    chdir = sweep_config.hydra.job.chdir
+    if chdir is None:
+        from hydra import version
+
+        return not version.base_at_least("1.2")
+    return bool(chdir)

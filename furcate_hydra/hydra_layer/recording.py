@@ -102,10 +102,15 @@ class JobRecorder:
         record = decision.record
         if decision.action is Action.SKIP and record is not None and self.store is not None:
             value = self.store.recorded_return_value(record)
-            recorded = JobPaths.of(record.output_dir or job.paths.output_dir).output_dir
+            recorded = Path(record.output_dir) if record.output_dir else None
+            # the recorded run's dir holds what the task wrote; once deleted, the new job dir
+            # (its .hydra/ files, its log, a run_data.json naming the run) stands in for it
+            shown = recorded if recorded is not None and recorded.is_dir() else None
             job.run_id, job.skipped = record.run_id, True
             row = self._add_row(job, RunStatus.FINISHED, value, None)
-            job_return = synthetic_job_return(job.config, recorded, JobStatus.COMPLETED, value)
+            job_return = synthetic_job_return(
+                job.config, shown or job.paths.output_dir, JobStatus.COMPLETED, value
+            )
             self._write_skipped_job_dir(job, row, job_return, recorded)
             self._metrics_pending.add(record.run_id)
             return job_return
@@ -168,6 +173,12 @@ class JobRecorder:
         output_dir.mkdir(parents=True, exist_ok=True)
         details = {"recorded_output_dir": None if recorded is None else str(recorded)}
         write_run_data_json(job.paths.run_data, row, job.task_config, details)
+        if "file" in (job.config.hydra.job_logging or {}).get("handlers", {}):
+            # Hydra's job logging writes <job name>.log in every job dir that ran
+            why = row.error or f"skipped: finished before in MLflow run {job.run_id}"
+            where = "" if recorded is None else f" (its outputs: {recorded})"
+            log_file = output_dir / f"{job.config.hydra.job.name}.log"
+            atomic_write_bytes(log_file, f"furcate: {why}{where}\n".encode(), durable=False)
 
     def _job_tags(self, job: JobRecord) -> dict[str, str]:
         return {
