@@ -36,6 +36,7 @@ def recorded_sweep(launch_jobs: LaunchJobs, sweep_dir: Path, *jobs: list[str]) -
     """A sweep of ``jobs`` (each one's overrides) run by the launcher in this process: the
     store as a first CLI sweep leaves it, for a test whose CLI sweep reruns it."""
     returns = launch_jobs(list(jobs), [f"hydra.sweep.dir={sweep_dir}"])
+    launch_jobs.last.close()  # the sweep's run ends, as when the CLI's process exits
     assert [r.status for r in returns] == [JobStatus.COMPLETED] * len(jobs)
 
 
