@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
@@ -28,6 +29,7 @@ def reported_epochs(trial: FrozenTrial) -> list[int]:
     return sorted(trial.intermediate_values)
 
 
+@pytest.mark.slow  # the example's 12 Lightning trials
 def test_optuna_pruning_stops_the_bad_trials(tmp_path: Path, mlflow_store: str) -> None:
     # The job processes inherit MLFLOW_TRACKING_URI (the test's own store) from this process;
     # the study goes to the default storage, optuna.db in the working directory.

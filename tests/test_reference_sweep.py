@@ -6,11 +6,14 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 from furcate_hydra.store import Tags
 from tests.conftest import REPO, run_cli
 from tests.store_helpers import artifact_names, job_runs
 
 
+@pytest.mark.slow  # train.py's sweep, from a fresh MLflow store
 def test_reference_sweep_runs_on_cpu_slots(tmp_path: Path) -> None:
     # As on a machine without a GPU, with MLflow's default store: mlflow.db in the working dir.
     from mlflow.tracking import MlflowClient
