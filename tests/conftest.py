@@ -1,4 +1,5 @@
-"""Shared helpers: run the probe app through the real CLI, or drive the launcher in-process."""
+"""Shared helpers: run the test apps through the real CLI, or drive the launcher and the Optuna
+sweeper in-process."""
 
 from __future__ import annotations
 
