@@ -32,12 +32,15 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, RunMode, TaskFunction
 
+from furcate_hydra.execution.local_pool import LocalPool
+from furcate_hydra.hydra_layer.launch_session import LaunchSession
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 __all__ = [
     "RESULTS_DIR",
     "OthersCpu",
     "as_furcate",
+    "local_pool",
     "machine",
     "make_launcher",
     "publish",
@@ -82,6 +85,13 @@ def as_furcate(launcher: Launcher) -> FurcateLauncher:
     if name != f"{FurcateLauncher.__module__}.{FurcateLauncher.__qualname__}":
         raise TypeError(f"expected the furcate launcher, got {name}")
     return cast(FurcateLauncher, launcher)
+
+
+def local_pool(session: LaunchSession) -> LocalPool:
+    """The session's executor, which the benchmarks measure as the local fork-server pool."""
+    if not isinstance(session.executor, LocalPool):
+        raise TypeError(f"expected the local pool, got {type(session.executor).__name__}")
+    return session.executor
 
 
 def task_value(job_return: JobReturn) -> Any:

@@ -2,9 +2,9 @@
 
 ``instrument(launcher)`` sets timing wrappers as attributes of the objects the launcher's
 session uses (the session, its ``SweepComposer``, ``JobRecorder``, ``RunStore``, MLflow client,
-``SlotPool`` and fork-server client), so every call the launcher makes through them is timed,
-wall and CPU of the calling thread, under the timed call it was made from. Nothing global is
-patched. A method the launcher no longer has is reported as missing; a missing one among
+``LocalPool`` executor and fork-server client), so every call the launcher makes through them
+is timed, wall and CPU of the calling thread, under the timed call it was made from. Nothing
+global is patched. A method the launcher no longer has is reported as missing; a missing one among
 ``REQUIRED`` (the figures the benchmark reports) stops the benchmark with its name.
 """
 
@@ -24,7 +24,7 @@ __all__ = ["REQUIRED", "JobTimes", "Timers", "cpu_seconds", "instrument"]
 # The methods timed, per object the session holds (its attribute path from the session); each
 # is labelled ``<last attribute>.<method>``: ``composer.compose``, ``client.set_tag``.
 TARGETS: dict[str, tuple[str, ...]] = {
-    "session": ("queue", "_compose", "refresh_context", "wait_any", "_finish"),
+    "session": ("submit_batch", "_compose", "refresh_context", "wait_any", "_finish"),
     "session.composer": ("compose", "_hydra", "_shortcut"),
     "session.recorder": ("prepare", "open", "record", "flush"),
     "session.recorder.store": (
@@ -46,8 +46,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "search_runs",
         "log_artifact",
     ),
-    "session.pool": ("submit", "wait_any"),
-    "session.pool._server": ("receive", "start"),
+    "session.executor": ("submit", "wait_any"),
+    "session.executor._server": ("receive", "start"),
 }
 REQUIRED = (
     "composer.compose",
@@ -58,8 +58,8 @@ REQUIRED = (
     "store.decide",
     "store.create_job_run",
     "store.finish_job_run",
-    "pool.submit",
-    "pool.wait_any",
+    "executor.submit",
+    "executor.wait_any",
 )
 
 
@@ -174,12 +174,10 @@ def instrument(launcher: FurcateLauncher, timers: Timers, jobs: list[JobTimes]) 
     session = launcher.session()
 
     def note(args: tuple[Any, ...]) -> None:
-        _key, result, job_return = args
+        job, job_return = args
         value = job_return._return_value if job_return.status.name == "COMPLETED" else None
         entered = value.get("entered_at") if isinstance(value, dict) else None
-        jobs.append(
-            JobTimes(result.started_at, entered or result.started_at, result.ended_at, time.time())
-        )
+        jobs.append(JobTimes(job.started_at, entered or job.started_at, job.ended_at, time.time()))
 
     for where, names in TARGETS.items():
         owner: Any = session

@@ -34,7 +34,16 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from bench.harness import as_furcate, machine, make_launcher, summarize, task_value, write_results
+from bench.harness import (
+    as_furcate,
+    local_pool,
+    machine,
+    make_launcher,
+    summarize,
+    task_value,
+    write_results,
+)
+from furcate_hydra.hydra_layer.streaming import JobRequest
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 GOAL_MEDIAN_MS = 50.0
@@ -82,7 +91,7 @@ def _timing(began: float, value: dict[str, float | None], handed_over: float | N
 def time_submit(launcher: FurcateLauncher, job_num: int) -> Timing:
     """One job through submit/wait_any; the pool has every slot free when it is called."""
     began = time.time()
-    key = launcher.submit([], job_num)
+    (key,) = launcher.submit_batch([JobRequest([], job_num)])
     handed_over = time.time()
     while True:
         for done_key, job_return in launcher.wait_any():
@@ -113,13 +122,13 @@ def start_furcate(sweep_dir: Path) -> tuple[FurcateLauncher, dict[str, float]]:
     session = launcher.session()
     return launcher, {
         "session_s": round(time.perf_counter() - began, 3),
-        "server_start_s": round(session.pool.server_start_s, 3),
+        "server_start_s": round(local_pool(session).server_start_s, 3),
     }
 
 
 def bench_furcate(jobs: int, sweep_dir: Path) -> dict[str, Any]:
     launcher, server = start_furcate(sweep_dir)
-    plan = launcher.session().plan.describe()
+    plan = launcher.session().executor.describe()
     try:
         print(f"fork server ready in {server['server_start_s']:.2f} s; timing {jobs} jobs")
         # The first job after the server starts touches cold pages; it is kept apart.

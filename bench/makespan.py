@@ -37,7 +37,15 @@ from typing import Any
 from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
-from bench.harness import as_furcate, machine, make_launcher, task_value, write_results
+from bench.harness import (
+    as_furcate,
+    local_pool,
+    machine,
+    make_launcher,
+    task_value,
+    write_results,
+)
+from furcate_hydra.hydra_layer.streaming import JobRequest
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 SLOTS = 4
@@ -137,7 +145,8 @@ def _run_submitting(
     while todo or outstanding:
         while todo and len(outstanding) < window:
             i, (overrides, duration) = todo.pop()
-            outstanding[launcher.submit(overrides, first_num + i)] = duration
+            (key,) = launcher.submit_batch([JobRequest(overrides, first_num + i)])
+            outstanding[key] = duration
             if not todo:
                 all_submitted = time.time()
         jobs += [_record(ret, outstanding.pop(key)) for key, ret in launcher.wait_any()]
@@ -269,8 +278,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="furcate-bench-") as tmp:
         launcher = as_furcate(make_launcher(sleep_task, LAUNCHER_OVERRIDES, Path(tmp)))
         try:
-            results["plan"] = launcher.session().plan.describe()
-            results["fork_server_start_s"] = round(launcher.session().pool.server_start_s, 3)
+            results["plan"] = launcher.session().executor.describe()
+            results["fork_server_start_s"] = round(local_pool(launcher.session()).server_start_s, 3)
             for i, (variant, model) in enumerate(variants):
                 run = variant(launcher, durations, 1000 * i)
                 print(f"{run.name}: makespan {run.makespan:.2f} s")

@@ -44,6 +44,7 @@ from omegaconf import DictConfig
 from bench.harness import (
     OthersCpu,
     as_furcate,
+    local_pool,
     machine,
     make_launcher,
     publish,
@@ -53,6 +54,7 @@ from bench.harness import (
 )
 from bench.instrument import JobTimes, Timers, cpu_seconds, instrument
 from bench.recording_report import print_jobs, profile_rows, summary
+from furcate_hydra.hydra_layer.streaming import JobRequest
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 GOAL_JOBS_PER_S = 20.0
@@ -92,7 +94,7 @@ def run_async(launcher: FurcateLauncher, count: int) -> list[JobReturn]:
     while todo or outstanding:
         taken = [todo.pop() for _ in range(min(room, len(todo)))]
         if taken:
-            launcher.submit_batch([(overrides, i) for i, overrides in taken])
+            launcher.submit_batch([JobRequest(overrides, i) for i, overrides in taken])
             outstanding += len(taken)
         done = launcher.wait_any()
         returns += [job_return for _, job_return in done]
@@ -120,7 +122,7 @@ def run_variant(
         try:
             instrument(launcher, timers, jobs)  # starts the fork server (and opens the store)
             session = launcher.session()
-            server = session.pool._server.process.pid
+            server = local_pool(session).server_pid
             server_cpu, launcher_cpu = cpu_seconds(server), time.process_time()
             others, usage = OthersCpu(), resource.getrusage(resource.RUSAGE_SELF)
             began = time.perf_counter()

@@ -39,7 +39,7 @@ from bench.store_fixture import (
     check_fixture,
     query_fingerprints,
 )
-from furcate_hydra.hydra_layer.launch_session import LOOKUP_CHUNK
+from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK
 from furcate_hydra.store import Action, Rerun, RunStore, Tags, TrackingUri
 from furcate_hydra.store.lookup import _from_search, find_runs
 
@@ -67,7 +67,8 @@ def bench_skip_check(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="furcate-bench-") as tmp:
         path = Path(tmp) / "mlflow.db"
         shutil.copyfile(cached, path)  # the cached file stays as built
-        store = RunStore(TrackingUri(f"sqlite:///{path}", "bench"), EXPERIMENT, 10.0, 60.0)
+        tracking = TrackingUri(f"sqlite:///{path}", "bench")
+        store = RunStore(tracking, EXPERIMENT, 10.0, 60.0, sqlite_wal=True)
         client, experiment_id = store.client, store.experiment_id
         fixture["check"] = check_fixture(client, experiment_id, spec)
 

@@ -8,6 +8,11 @@ from pathlib import Path
 
 __all__ = ["atomic_write_bytes"]
 
+# mkstemp creates 0600 files; a file written here gets the mode open() would give it.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+_MODE = 0o666 & ~_UMASK
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it into place.
@@ -19,6 +24,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), _MODE)
             handle.write(data)
             handle.flush()
             if durable:

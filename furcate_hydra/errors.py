@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "ExecutorBrokenError",
     "ForkServerError",
     "FurcateConfigError",
     "JobCrashedError",
@@ -53,3 +54,7 @@ class JobCrashedError(RuntimeError):
 
 class ForkServerError(RuntimeError):
     """The warm fork server could not start or stopped answering."""
+
+
+class ExecutorBrokenError(RuntimeError):
+    """The machinery that runs jobs died (the fork server): it takes no more jobs."""

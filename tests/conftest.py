@@ -79,6 +79,9 @@ def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An initialised, empty MLflow sqlite store; copying it skips ~1.5 s of migrations."""
     from mlflow.tracking import MlflowClient
 
+    from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
+
+    ignore_mlflow_sqlalchemy_deprecation()  # as the store does: this client loads MLflow first
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     MlflowClient(f"sqlite:///{path}").search_experiments()
     return path

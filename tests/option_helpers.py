@@ -13,10 +13,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from furcate_hydra.execution.slots import plan_slots
-from furcate_hydra.hydra_layer.launch_session import pool_options, slot_options
-from furcate_hydra.hydra_layer.recording import StoreOptions
 from furcate_hydra.store import check_tracking_uri, resolve_tracking_uri
 from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
+from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
+from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
+from hydra_plugins.furcate_sweeper.furcate_sweeper import FurcateSweeper
 
 
 def check_launcher_options(partial: Mapping[str, Any]) -> None:
@@ -32,22 +33,17 @@ def check_launcher_options(partial: Mapping[str, Any]) -> None:
     options: Any = OmegaConf.to_container(
         OmegaConf.merge(OmegaConf.structured(FurcateLauncherConf), dict(partial))
     )
-    plan_slots(slot_options(options))
-    pool_options(options)
-    store = StoreOptions.parse(options)
-    if store.enabled:
-        check_tracking_uri(resolve_tracking_uri(store.tracking_uri))
+    parsed = FurcateLauncher.parse_options(options)
+    plan_slots(parsed.slots)
+    if parsed.store.enabled:
+        check_tracking_uri(resolve_tracking_uri(parsed.store.tracking_uri))
 
 
 def parse_grid_sweeper_options(options: Mapping[str, Any]) -> Any:
     """``hydra/sweeper=furcate``'s check of its options, as its ``setup`` runs it."""
-    from hydra_plugins.furcate_sweeper._core import SweepOptions
-
-    return SweepOptions.parse(dict(options))
+    return FurcateSweeper.parse_options(options)
 
 
 def parse_optuna_sweeper_options(options: Mapping[str, Any]) -> Any:
     """``hydra/sweeper=furcate_optuna``'s check of its options, as its ``setup`` runs it."""
-    from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
-
-    return OptunaOptions.parse(options)
+    return FurcateOptunaSweeper.parse_options(options)

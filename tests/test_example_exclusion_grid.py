@@ -50,7 +50,7 @@ def test_exclusion_grid_runs_the_25_configs_left(tmp_path: Path, mlflow_store: s
     assert result.returncode == 0, result.stderr[-4000:]
     log = result.stdout + result.stderr
     assert re.search(
-        r"furcate: 25 of 30 configs to run, 5 excluded by hydra\.sweeper\.exclude "
+        r"furcate: 25 of 30 configs in the grid, 5 excluded by hydra\.sweeper\.exclude "
         r"\(\{[^}]*Adadelta[^}]*\}: 3, \{[^}]*SGD[^}]*\}: 2\)",
         log,
     ), log[-4000:]

@@ -1,4 +1,5 @@
-"""Hydra's own conformance suites, run against ``hydra/launcher=furcate``.
+"""Hydra's own conformance suites, run against ``hydra/launcher=furcate`` and, on it or on
+Hydra's basic launcher, ``hydra/sweeper=furcate``.
 
 The suites' tasks do not use torch, so the fork server preloads nothing here; the default
 preload is exercised by the reference-app tests. Some suite cases run one config twice and
@@ -44,11 +45,24 @@ class TestFurcateLauncherIntegration(IntegrationTestSuite):
 
 
 SWEEPER = ["hydra/sweeper=furcate"]
+# Hydra's default subdir, typed on the command line: a job field the launcher's process must
+# pass on unresolved (the suites' own cases set it in the integration suite).
+JOB_NUM_SUBDIR = "hydra.sweep.subdir=${hydra.job.num}"
 
 
-@mark.parametrize("launcher_name, overrides", [("furcate", [*FAST, *SWEEPER])])
+@mark.parametrize("launcher_name, overrides", [("furcate", [*FAST, *SWEEPER, JOB_NUM_SUBDIR])])
 class TestFurcateSweeperStreaming(LauncherTestSuite):
     """The launcher suite again, with the grid sweeper streaming jobs onto the slots."""
+
+
+@mark.parametrize(
+    "task_launcher_cfg, extra_flags",
+    [({}, ["-m", "hydra/job_logging=disabled", "hydra/launcher=furcate", *SWEEPER, *FAST])],
+)
+class TestFurcateSweeperIntegration(IntegrationTestSuite):
+    """The integration suite with the grid sweeper, watching the app's config file (its
+    default): several cases set ``hydra.sweep.subdir=cli_dir_${hydra.job.num}`` on the command
+    line, which only a job can resolve, and the sweeper reads the command line to reload edits."""
 
 
 @mark.parametrize(

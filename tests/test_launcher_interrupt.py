@@ -2,35 +2,23 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import APPS
+from furcate_hydra.execution import interrupts
+from tests.process_helpers import (
+    killed_if_left,
+    start_probe_sweep,
+    still_alive,
+    wait_for_descendants,
+)
 from tests.store_helpers import job_runs
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = [child.pid for child in launcher.children(recursive=True)]
-        if len(pids) >= count:
-            return pids
-        time.sleep(0.1)
-    raise AssertionError(f"only {len(launcher.children(recursive=True))} descendants appeared")
 
 
 @pytest.mark.parametrize(
@@ -47,27 +35,16 @@ def _wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) 
 def test_interrupt_leaves_no_process_behind(
     tmp_path: Path, mlflow_store: str, how: str, sweeper: str
 ) -> None:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(APPS / "probe_app.py"),
-            "-m",
-            f"hydra/sweeper={sweeper}",
-            "mode=spawn_and_hang",
-            "+i=0,1",
-            "hydra.launcher.gpus=[0,1]",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],
-        cwd=tmp_path,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        # its own process group, like a foreground job in a terminal
-        start_new_session=True,
+    process = start_probe_sweep(
+        tmp_path,
+        f"hydra/sweeper={sweeper}",
+        "mode=spawn_and_hang",
+        "+i=0,1",
+        "hydra.launcher.gpus=[0,1]",
     )
-    try:
+    with killed_if_left(process):
         # fork server + 2 jobs + 2 children per job
-        descendants = _wait_for_descendants(psutil.Process(process.pid), 7, timeout=60)
+        descendants = wait_for_descendants(psutil.Process(process.pid), 7, timeout=60)
         time.sleep(0.5)
         began = time.monotonic()
         if how == "ctrl_c":
@@ -77,17 +54,59 @@ def test_interrupt_leaves_no_process_behind(
         else:
             # The launcher cannot clean up; its fork server sees the socket close and does.
             os.kill(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate(timeout=30)
+        stdout, stderr = process.communicate(timeout=30)
         took = time.monotonic() - began
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in descendants if _alive(pid)] == []
+    assert still_alive(descendants) == []
     assert process.returncode != 0
     assert took < 15, f"stopping took {took:.1f} s; stderr:\n{stderr.decode()}"
     if how != "sigkill":  # a launcher that could clean up recorded what it stopped
         assert sorted(r.info.status for r in job_runs(mlflow_store)) == ["KILLED", "KILLED"]
+        # one line that says what happened and what to do, the shell's exit status, no trace
+        signum = signal.SIGINT if how == "ctrl_c" else signal.SIGTERM
+        assert process.returncode == 128 + signum
+        output = (stdout + stderr).decode()
+        line = f"interrupted ({signum.name}): 2 jobs stopped and recorded as KILLED"
+        assert line in output and "run the same command to resume" in output
+        assert "Traceback" not in output
+        rows = list(csv.DictReader((tmp_path / "sweep" / "run_data.csv").open()))
+        assert sorted(row["status"] for row in rows) == ["KILLED", "KILLED"]
+
+
+def test_ctrl_c_during_the_fork_servers_warm_up_stops_the_sweep(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    # torch and Lightning make the warm-up last seconds: the Ctrl-C lands in it
+    process = start_probe_sweep(
+        tmp_path, "+i=0,1", "hydra.launcher.preload=[torch,pytorch_lightning]"
+    )
+    with killed_if_left(process):
+        launcher = psutil.Process(process.pid)
+        server = wait_for_descendants(launcher, 1, timeout=60)
+        time.sleep(0.5)
+        began = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+        took = time.monotonic() - began
+    output = (stdout + stderr).decode()
+    assert process.returncode == 128 + signal.SIGINT, output
+    assert took < 10, f"stopping took {took:.1f} s:\n{output}"
+    assert "interrupted while starting; no job ran" in output and "Traceback" not in output
+    assert still_alive(server) == []
+    assert not (tmp_path / "sweep" / "0" / "probe.json").exists()  # no job ran
+    assert job_runs(mlflow_store) == []
+
+
+def test_a_ctrl_c_python_lost_is_raised_at_the_next_check() -> None:
+    interrupts.install()
+    try:
+        try:  # as a weakref callback or __del__ swallows it
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs at the next bytecode; the sleep is cut short
+        except KeyboardInterrupt:
+            pass
+        assert interrupts.received() == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt, match="received SIGINT"):
+            interrupts.check()
+    finally:
+        interrupts.restore()
+    assert signal.getsignal(signal.SIGINT) is not interrupts._handle

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.progress import read_progress
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,11 @@ def copy_of(source: Path, tmp_path: Path) -> Path:
 def test_pointer_names_newest_verified_file_and_only_keep_remain(tmp_path: Path) -> None:
     import torch
 
-    from furcate_hydra.lightning import POINTER_NAME, final_checkpoint, find_resume_checkpoint
+    from furcate_hydra.lightning._checkpoint import (
+        POINTER_NAME,
+        final_checkpoint,
+        find_resume_checkpoint,
+    )
     from tests.lightning_helpers import BATCHES_PER_EPOCH, run_fit, standalone_env
 
     env = standalone_env(tmp_path)
@@ -68,7 +73,7 @@ def test_pointer_names_newest_verified_file_and_only_keep_remain(tmp_path: Path)
 
 
 def test_resume_runs_only_the_remaining_epochs(tmp_path: Path) -> None:
-    from furcate_hydra.lightning import read_pointer
+    from furcate_hydra.lightning._checkpoint import read_pointer
     from tests.lightning_helpers import history_epochs, run_fit, standalone_env
 
     first_env = standalone_env(tmp_path / "first", checkpoint_dir=tmp_path / "run-ckpt")
@@ -92,7 +97,8 @@ def test_resume_runs_only_the_remaining_epochs(tmp_path: Path) -> None:
 def test_corrupt_checkpoint_warns_and_fit_starts_from_scratch(
     damage: str, one_epoch_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from furcate_hydra.lightning import CheckpointCorruptWarning, read_pointer
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import read_pointer
     from tests.lightning_helpers import run_fit, standalone_env
 
     checkpoint_dir = copy_of(one_epoch_dir, tmp_path)
@@ -117,11 +123,8 @@ def test_corrupt_checkpoint_warns_and_fit_starts_from_scratch(
 
 
 def test_missing_file_named_by_pointer_warns(one_epoch_dir: Path, tmp_path: Path) -> None:
-    from furcate_hydra.lightning import (
-        CheckpointCorruptWarning,
-        final_checkpoint,
-        find_resume_checkpoint,
-    )
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import final_checkpoint, find_resume_checkpoint
 
     checkpoint_dir = copy_of(one_epoch_dir, tmp_path)
     missing = checkpoint_dir / "epoch=0000.ckpt"
@@ -141,9 +144,9 @@ def test_missing_file_named_by_pointer_warns(one_epoch_dir: Path, tmp_path: Path
     ],
 )
 def test_bad_pointer_warns(content: bytes, why: str, one_epoch_dir: Path, tmp_path: Path) -> None:
-    from furcate_hydra.lightning import (
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import (
         POINTER_NAME,
-        CheckpointCorruptWarning,
         find_resume_checkpoint,
         read_pointer,
     )
@@ -158,11 +161,8 @@ def test_bad_pointer_warns(content: bytes, why: str, one_epoch_dir: Path, tmp_pa
 
 
 def test_checkpoints_without_pointer_warn(one_epoch_dir: Path, tmp_path: Path) -> None:
-    from furcate_hydra.lightning import (
-        POINTER_NAME,
-        CheckpointCorruptWarning,
-        find_resume_checkpoint,
-    )
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import POINTER_NAME, find_resume_checkpoint
 
     checkpoint_dir = copy_of(one_epoch_dir, tmp_path)
     (checkpoint_dir / POINTER_NAME).unlink()
@@ -171,7 +171,7 @@ def test_checkpoints_without_pointer_warn(one_epoch_dir: Path, tmp_path: Path) -
 
 
 def test_fresh_dir_is_silent(tmp_path: Path) -> None:
-    from furcate_hydra.lightning import find_resume_checkpoint
+    from furcate_hydra.lightning._checkpoint import find_resume_checkpoint
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -182,7 +182,8 @@ def test_fresh_dir_is_silent(tmp_path: Path) -> None:
 
 def test_restart_from_scratch_never_prunes_the_pointed_file(tmp_path: Path) -> None:
     # files from an earlier, unverifiable attempt carry higher epoch numbers than the new ones
-    from furcate_hydra.lightning import CheckpointCorruptWarning, find_resume_checkpoint
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import find_resume_checkpoint
     from tests.lightning_helpers import run_fit, standalone_env
 
     checkpoint_dir = tmp_path / "checkpoints"
@@ -204,3 +205,15 @@ def test_keep_must_be_positive(tmp_path: Path) -> None:
 
     with pytest.raises(FurcateConfigError, match=r"keep=0"):
         AtomicCheckpoint(tmp_path, keep=0)
+
+
+def test_fit_keeps_the_jobs_progress_file_current(tmp_path: Path) -> None:
+    from tests.lightning_helpers import BATCHES_PER_EPOCH, run_fit, standalone_env
+
+    env = standalone_env(tmp_path)
+    _, result = run_fit(env, max_epochs=2)
+    progress = read_progress(env.paths.progress)
+    assert progress is not None
+    # written at the last epoch's end: its epoch, every step of both epochs, its metrics
+    assert (progress.epoch, progress.step) == (1, 2 * BATCHES_PER_EPOCH)
+    assert progress.metrics == pytest.approx(result.metrics)

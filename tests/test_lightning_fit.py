@@ -11,10 +11,19 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
+
+ALL_VARS = (
+    env_vars.TRACKING_URI,
+    env_vars.RUN_ID,
+    env_vars.EXPERIMENT_ID,
+    env_vars.OUTPUT_DIR,
+    env_vars.CHECKPOINT_DIR,
+)
 
 
 @dataclass(frozen=True)
@@ -41,24 +50,16 @@ def launched(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, Path]]:
     """What the launcher does before starting a job: a RUNNING run with the config as params."""
-    from furcate_hydra.lightning import (
-        CHECKPOINT_DIR_VAR,
-        EXPERIMENT_ID_VAR,
-        OUTPUT_DIR_VAR,
-        RUN_ID_VAR,
-        TRACKING_URI_VAR,
-    )
-
     run_id = store.client.create_run(store.experiment_id).info.run_id
     store.client.log_param(run_id, "learning_rate", "0.05")  # the model's value too
     store.client.log_param(run_id, "hidden", "999")  # the model says 8: a conflict
     out = tmp_path / "job"
     for name, value in (
-        (TRACKING_URI_VAR, store.uri),
-        (RUN_ID_VAR, run_id),
-        (EXPERIMENT_ID_VAR, store.experiment_id),
-        (OUTPUT_DIR_VAR, str(out)),
-        (CHECKPOINT_DIR_VAR, str(tmp_path / "ckpt")),
+        (env_vars.TRACKING_URI, store.uri),
+        (env_vars.RUN_ID, run_id),
+        (env_vars.EXPERIMENT_ID, store.experiment_id),
+        (env_vars.OUTPUT_DIR, str(out)),
+        (env_vars.CHECKPOINT_DIR, str(tmp_path / "ckpt")),
     ):
         monkeypatch.setenv(name, value)
     yield run_id, out
@@ -132,35 +133,28 @@ def test_options_fit_owns_are_rejected(key: str, value: object, tmp_path: Path) 
 
 
 def test_job_env_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from furcate_hydra.lightning import OUTPUT_DIR_VAR, JobEnv
+    from furcate_hydra.lightning import JobEnv
 
     monkeypatch.chdir(tmp_path)
     env = JobEnv.from_environ({})
     assert env == JobEnv(tmp_path, tmp_path / "checkpoints", None, None, None)
     assert not env.recording
 
-    given = JobEnv.from_environ({OUTPUT_DIR_VAR: ""}, default_output_dir=tmp_path / "out")
+    given = JobEnv.from_environ({env_vars.OUTPUT_DIR: ""}, default_output_dir=tmp_path / "out")
     assert given.output_dir == tmp_path / "out"
     assert given.checkpoint_dir == tmp_path / "out" / "checkpoints"
 
 
 def test_job_env_explicit_values(tmp_path: Path) -> None:
-    from furcate_hydra.lightning import (
-        CHECKPOINT_DIR_VAR,
-        EXPERIMENT_ID_VAR,
-        OUTPUT_DIR_VAR,
-        RUN_ID_VAR,
-        TRACKING_URI_VAR,
-        JobEnv,
-    )
+    from furcate_hydra.lightning import JobEnv
 
     env = JobEnv.from_environ(
         {
-            TRACKING_URI_VAR: "http://127.0.0.1:5000",
-            RUN_ID_VAR: "abc123",
-            EXPERIMENT_ID_VAR: "7",
-            OUTPUT_DIR_VAR: str(tmp_path / "out"),
-            CHECKPOINT_DIR_VAR: str(tmp_path / "ckpt"),
+            env_vars.TRACKING_URI: "http://127.0.0.1:5000",
+            env_vars.RUN_ID: "abc123",
+            env_vars.EXPERIMENT_ID: "7",
+            env_vars.OUTPUT_DIR: str(tmp_path / "out"),
+            env_vars.CHECKPOINT_DIR: str(tmp_path / "ckpt"),
         },
         default_output_dir=tmp_path / "ignored",
     )
@@ -171,33 +165,20 @@ def test_job_env_explicit_values(tmp_path: Path) -> None:
 
 
 def test_run_id_without_tracking_uri_is_not_recording(caplog: pytest.LogCaptureFixture) -> None:
-    from furcate_hydra.lightning import RUN_ID_VAR, TRACKING_URI_VAR, JobEnv
+    from furcate_hydra.lightning import JobEnv
 
     with caplog.at_level(logging.WARNING):
-        env = JobEnv.from_environ({RUN_ID_VAR: "abc123"})
+        env = JobEnv.from_environ({env_vars.RUN_ID: "abc123"})
     assert not env.recording
-    assert f"{TRACKING_URI_VAR} is not" in caplog.text
+    assert f"{env_vars.TRACKING_URI} is not" in caplog.text
 
 
 def test_job_env_reads_os_environ_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from furcate_hydra.lightning import (
-        CHECKPOINT_DIR_VAR,
-        EXPERIMENT_ID_VAR,
-        OUTPUT_DIR_VAR,
-        RUN_ID_VAR,
-        TRACKING_URI_VAR,
-        JobEnv,
-    )
+    from furcate_hydra.lightning import JobEnv
 
-    for name in (
-        TRACKING_URI_VAR,
-        RUN_ID_VAR,
-        EXPERIMENT_ID_VAR,
-        OUTPUT_DIR_VAR,
-        CHECKPOINT_DIR_VAR,
-    ):
+    for name in ALL_VARS:
         monkeypatch.delenv(name, raising=False)
     assert not JobEnv.from_environ().recording
-    monkeypatch.setenv(TRACKING_URI_VAR, "sqlite:////tmp/x.db")
-    monkeypatch.setenv(RUN_ID_VAR, "r1")
+    monkeypatch.setenv(env_vars.TRACKING_URI, "sqlite:////tmp/x.db")
+    monkeypatch.setenv(env_vars.RUN_ID, "r1")
     assert JobEnv.from_environ().run_id == "r1"

@@ -78,13 +78,13 @@ def test_state_dict_round_trip(tmp_path: Path) -> None:
     ],
 )
 def test_split_metric_name(name: str, family: str, split: str | None) -> None:
-    from furcate_hydra.lightning import split_metric_name
+    from furcate_hydra.lightning._plots import split_metric_name
 
     assert split_metric_name(name) == (family, split)
 
 
 def test_families_pair_train_with_val() -> None:
-    from furcate_hydra.lightning import metric_families
+    from furcate_hydra.lightning._plots import metric_families
 
     names = ["val_loss", "train_loss", "train/acc", "val/acc", "lr", "train_loss_epoch"]
     assert metric_families(names) == {
@@ -95,7 +95,7 @@ def test_families_pair_train_with_val() -> None:
 
 
 def test_one_png_per_family(tmp_path: Path) -> None:
-    from furcate_hydra.lightning import plot_history
+    from furcate_hydra.lightning._plots import plot_history
 
     rows = [
         {"epoch": 0, "step": 4, "train_loss": 1.0, "val_loss": 1.2, "train/acc": 0.5, "lr": 0.1},
@@ -120,7 +120,7 @@ def test_fit_plots_train_and_val_loss_together(tmp_path: Path) -> None:
 
 
 def test_nothing_to_plot(tmp_path: Path) -> None:
-    from furcate_hydra.lightning import plot_history
+    from furcate_hydra.lightning._plots import plot_history
 
     assert plot_history([{"epoch": 0, "step": 0}], tmp_path) == []
     assert not (tmp_path / "plots").exists()

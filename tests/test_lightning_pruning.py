@@ -14,6 +14,7 @@ import pytest
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.tuning.pruners import pruner_from_spec
 
 STUDY = "sweep"
 MEDIAN = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
@@ -44,7 +45,6 @@ def stored_trial(url: str, number: int) -> optuna.trial.FrozenTrial:
 def test_a_trial_worse_than_the_median_stops_early_and_says_so(tmp_path: Path) -> None:
     # the tiny model's val_loss on random targets is ~1, far worse than 0.001
     from furcate_hydra.lightning import OptunaPruning
-    from furcate_hydra.lightning.pruning import PRUNED_AT_EPOCH_ATTR
     from tests.lightning_helpers import run_fit, standalone_env
 
     url, number = study_with_one_complete_trial(tmp_path, intermediate=0.001)
@@ -60,7 +60,7 @@ def test_a_trial_worse_than_the_median_stops_early_and_says_so(tmp_path: Path) -
     assert trial.intermediate_values == pruning.reported
     assert list(pruning.reported) == [0]
     assert pruning.reported[0] > 0.001
-    assert trial.system_attrs[PRUNED_AT_EPOCH_ATTR] == 0
+    assert trial.system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
     # the job only stops; telling the trial PRUNED is the sweeper's part
     assert trial.state == optuna.trial.TrialState.RUNNING
     assert result.checkpoint_path is not None
@@ -68,7 +68,6 @@ def test_a_trial_worse_than_the_median_stops_early_and_says_so(tmp_path: Path) -
 
 def test_a_good_trial_runs_every_epoch(tmp_path: Path) -> None:
     from furcate_hydra.lightning import OptunaPruning
-    from furcate_hydra.lightning.pruning import PRUNED_AT_EPOCH_ATTR
     from tests.lightning_helpers import run_fit, standalone_env
 
     url, number = study_with_one_complete_trial(tmp_path, intermediate=1e6)
@@ -82,7 +81,7 @@ def test_a_good_trial_runs_every_epoch(tmp_path: Path) -> None:
     trial = stored_trial(url, number)
     assert trial.intermediate_values == pruning.reported
     assert sorted(pruning.reported) == [0, 1, 2]
-    assert PRUNED_AT_EPOCH_ATTR not in trial.system_attrs
+    assert env_vars.PRUNED_AT_EPOCH_ATTR not in trial.system_attrs
 
 
 def test_a_missing_metric_names_it_and_the_available_ones(tmp_path: Path) -> None:
@@ -97,29 +96,23 @@ def test_a_missing_metric_names_it_and_the_available_ones(tmp_path: Path) -> Non
 
 def test_from_environ_is_none_outside_the_optuna_sweeper() -> None:
     from furcate_hydra.lightning import OptunaPruning
-    from furcate_hydra.lightning.pruning import STORAGE_VAR, STUDY_VAR
 
     assert OptunaPruning.from_environ({}) is None
-    assert OptunaPruning.from_environ({STORAGE_VAR: "", STUDY_VAR: ""}) is None
+    assert (
+        OptunaPruning.from_environ({env_vars.OPTUNA_STORAGE: "", env_vars.OPTUNA_STUDY: ""}) is None
+    )
 
 
 def test_from_environ_builds_the_callback_and_its_pruner() -> None:
     from furcate_hydra.lightning import OptunaPruning
-    from furcate_hydra.lightning.pruning import (
-        MONITOR_VAR,
-        PRUNER_VAR,
-        STORAGE_VAR,
-        STUDY_VAR,
-        TRIAL_NUMBER_VAR,
-    )
 
     pruning = OptunaPruning.from_environ(
         {
-            STORAGE_VAR: "sqlite:///optuna.db",
-            STUDY_VAR: STUDY,
-            TRIAL_NUMBER_VAR: "7",
-            MONITOR_VAR: "val_loss",
-            PRUNER_VAR: json.dumps({"name": "percentile", "percentile": 25.0}),
+            env_vars.OPTUNA_STORAGE: "sqlite:///optuna.db",
+            env_vars.OPTUNA_STUDY: STUDY,
+            env_vars.OPTUNA_TRIAL_NUMBER: "7",
+            env_vars.OPTUNA_MONITOR: "val_loss",
+            env_vars.OPTUNA_PRUNER: json.dumps({"name": "percentile", "percentile": 25.0}),
         }
     )
     assert pruning is not None
@@ -156,8 +149,6 @@ def test_from_environ_rejects_a_partial_or_bad_environment(env: dict[str, str], 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_pruner_specs() -> None:
-    from furcate_hydra.lightning.pruning import pruner_from_spec
-
     patient = pruner_from_spec(
         '{"name": "patient", "patience": 2, "wrapped_pruner": {"name": "median"}}'
     )
@@ -202,7 +193,7 @@ def report_steps(url: str, number: int, start: Event) -> None:
 def report_concurrently(url: str, numbers: list[int], exit_codes: Connection) -> None:
     """In a fresh process that imported this module once: one forked process per trial, as
     the launcher's fork server forks jobs, all let go at once; sends back their exit codes."""
-    import furcate_hydra.lightning.pruning  # noqa: F401  # loaded here, before the forks
+    import furcate_hydra.lightning._pruning  # noqa: F401  # loaded here, before the forks
 
     context = multiprocessing.get_context("fork")
     start = context.Event()

@@ -9,18 +9,24 @@ from pathlib import Path
 import optuna
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
-from optuna.trial import TrialState
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
+from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.layout import SweepPaths
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
 from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
+    ask_owned,
     counts,
     open_study,
     recover_trials,
+    shown_url,
+    study_storage,
     sweeper_identity,
 )
+from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from tests.store_helpers import exited_launcher
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -31,10 +37,13 @@ def new_study(tmp_path: Path, directions: tuple[str, ...] = ("minimize",)) -> op
     return open_study(f"sqlite:///{tmp_path}/optuna.db", "s", directions, sampler, None)
 
 
-def running_trial(study: optuna.Study, identity: dict[str, str] | None) -> optuna.Trial:
-    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+X: dict[str, BaseDistribution] = {"x": optuna.distributions.FloatDistribution(0, 1)}
+
+
+def running_trial(study: optuna.Study, identity: str | None) -> optuna.Trial:
+    trial = study.ask(X)
     if identity is not None:
-        study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, json.dumps(identity))
+        study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, identity)
     return trial
 
 
@@ -42,11 +51,11 @@ def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> No
     study = new_study(tmp_path)
     done = running_trial(study, sweeper_identity())
     study.tell(done, 1.0)
-    dead = running_trial(study, exited_launcher().tags())
+    dead = running_trial(study, json.dumps(exited_launcher().tags()))
     alive = running_trial(study, sweeper_identity())  # this process: still running it
     foreign = running_trial(study, None)  # asked by someone else: theirs to tell
 
-    state = recover_trials(study)
+    state = recover_trials(study, sweeper_identity())
     assert (state.recovered, state.retried, state.running_elsewhere) == (1, 1, 2)
     assert state.counted == 3  # the completed one and the two still running
     frozen = study.trials[dead.number]
@@ -54,12 +63,37 @@ def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> No
     assert "has exited" in frozen.system_attrs[Attrs.INTERRUPTED]
     assert study.trials[alive.number].state is TrialState.RUNNING
     assert study.trials[foreign.number].state is TrialState.RUNNING
+    # the queued retry already names the sweeper that enqueued it: popped, it is never
+    # RUNNING without an owner a rerun can check
+    (queued,) = study.get_trials(states=(TrialState.WAITING,))
+    assert queued.system_attrs[Attrs.SWEEPER] == sweeper_identity()
     # the retry is asked next, with the dead trial's params
-    retry = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    retry = ask_owned(study, X, "the asking sweeper")
     assert retry.params == frozen.params
     assert retry.user_attrs[Attrs.RETRY_OF] == dead.number
+    assert study.trials[retry.number].system_attrs[Attrs.SWEEPER] == "the asking sweeper"
+    assert not study.get_trials(states=(TrialState.WAITING,))  # no placeholder left behind
     # a later sweep does not enqueue it again
-    assert recover_trials(study).retried == 0
+    assert recover_trials(study, sweeper_identity()).retried == 0
+
+
+def test_an_asked_trial_is_owned_from_its_first_write(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    real_ask = study.ask
+    seen: list[FrozenTrial] = []
+
+    def ask_and_look(*args: object, **kwargs: object) -> optuna.Trial:
+        trial = real_ask(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(study._storage.get_trial(trial._trial_id))  # before the claim
+        return trial
+
+    study.ask = ask_and_look  # type: ignore[method-assign]
+    trials = [ask_owned(study, X, f"sweeper {i}") for i in range(3)]
+    # a sweep killed right after ask leaves a trial that names its sweeper
+    assert [t.state for t in seen] == [TrialState.RUNNING] * 3
+    assert [t.system_attrs[Attrs.SWEEPER] for t in seen] == [f"sweeper {i}" for i in range(3)]
+    assert [t.number for t in trials] == [0, 1, 2]
+    assert not study.get_trials(states=(TrialState.WAITING,))
 
 
 def test_what_counts_toward_n_trials(tmp_path: Path) -> None:
@@ -80,7 +114,7 @@ def test_what_counts_toward_n_trials(tmp_path: Path) -> None:
 
 def test_a_study_cannot_change_its_directions(tmp_path: Path) -> None:
     new_study(tmp_path)
-    with pytest.raises(SweeperOptionError, match="differs from the directions study 's'"):
+    with pytest.raises(OptionError, match="differs from the directions study 's'"):
         new_study(tmp_path, ("maximize",))
 
 
@@ -88,6 +122,28 @@ def test_relative_sqlite_paths_are_made_absolute_for_jobs(tmp_path: Path) -> Non
     assert job_storage_url("sqlite:///optuna.db", tmp_path) == f"sqlite:///{tmp_path}/optuna.db"
     assert job_storage_url("sqlite:////abs/o.db", tmp_path) == "sqlite:////abs/o.db"
     assert job_storage_url("postgresql://h/db", tmp_path) == "postgresql://h/db"
+
+
+def test_storage_unset_is_the_shared_default_and_null_a_new_study_in_the_sweep_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    sweep = SweepPaths.of(tmp_path / "sweep")
+    unset = FurcateOptunaSweeper.parse_options({}).storage
+    assert study_storage(unset, sweep) == f"sqlite:///{tmp_path}/optuna.db"  # every run's
+    null = FurcateOptunaSweeper.parse_options({"storage": None}).storage
+    first = study_storage(null, sweep)
+    assert first == f"sqlite:///{tmp_path}/sweep/optuna.db"
+    open_study(first, "s", ["minimize"], None, None)
+    # a reused sweep dir keeps the earlier study, and this run gets a new one
+    assert study_storage(null, sweep) == f"sqlite:///{tmp_path}/sweep/optuna-2.db"
+
+
+def test_a_storage_password_is_not_logged() -> None:
+    assert (
+        shown_url("postgresql://me:secret@db:5432/optuna") == "postgresql://me:***@db:5432/optuna"
+    )
+    assert shown_url("sqlite:////abs/optuna.db") == "sqlite:////abs/optuna.db"
 
 
 def job_return(value: object, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:

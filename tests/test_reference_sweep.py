@@ -24,7 +24,7 @@ def test_reference_sweep_runs_on_cpu_slots(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     log = result.stdout + result.stderr
     assert "CPU slots" in log
-    assert "furcate: 2 of 2 configs to run" in log  # conf/config.yaml picks furcate's sweeper
+    assert "furcate: 2 of 2 configs in the grid" in log  # conf/config.yaml picks furcate's sweeper
     (sweep,) = (tmp_path / "multirun").glob("*/*")
     accuracies = {}
     for job in ("0", "1"):

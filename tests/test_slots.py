@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from typing import Any
@@ -9,23 +10,34 @@ from typing import Any
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.devices import GpuProbe
-from furcate_hydra.execution.slots import Slot, SlotOptions, SlotPlan, plan_slots
+from furcate_hydra.execution.devices import GpuProbe, InstalledGpu
+from furcate_hydra.execution.slots import Slot, SlotPlan, plan_slots
+from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 GIB = 2**30
 UUID_A = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"
 UUID_B = "GPU-1b2c3d4e-aaaa-bbbb-cccc-0123456789ab"
+UUIDS = {"0": UUID_A, "1": UUID_B}  # what the fake NVML says GPUs 0 and 1 are
 
 
 class FakeProbe:
-    """A GpuProbe with fixed devices; free memory None means unreadable."""
+    """A GpuProbe with fixed devices; free memory None means unreadable; ``nvml=False`` means
+    NVML is not available, so what is installed is unknown (a machine without a driver)."""
 
-    def __init__(self, ids: list[str], free: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, ids: list[str], free: dict[str, int] | None = None, *, nvml: bool = True
+    ) -> None:
         self.ids = ids
         self.free = free
+        self.nvml = nvml
 
     def device_ids(self) -> list[str]:
         return list(self.ids)
+
+    def installed(self) -> list[InstalledGpu] | None:
+        if not self.nvml:
+            return None
+        return [InstalledGpu(device, UUIDS.get(device, f"GPU-{device}")) for device in self.ids]
 
     def free_memory_bytes(self, device_id: str) -> int:
         if self.free is None:
@@ -36,12 +48,13 @@ class FakeProbe:
 def plan(
     probe: GpuProbe | None = None, environ: dict[str, str] | None = None, **kw: Any
 ) -> SlotPlan:
-    """Plan with no CUDA_VISIBLE_DEVICES, no GPU and 8 cores unless told otherwise."""
+    """Plan with no CUDA_VISIBLE_DEVICES, no GPU, no NVML and 8 cores unless told otherwise:
+    named GPUs are taken as named, as on a machine without a driver."""
     cpus = kw.pop("cpus", list(range(8)))
     return plan_slots(
-        SlotOptions(**kw),
+        FurcateLauncher.parse_options(kw).slots,
         environ={} if environ is None else environ,
-        probe=probe or FakeProbe([]),
+        probe=probe or FakeProbe([], nvml=False),
         available_cpus=cpus,
     )
 
@@ -67,8 +80,100 @@ def test_explicit_gpus_as_string_and_uuids() -> None:
 
 
 def test_explicit_gpus_override_environment_and_probe() -> None:
-    p = plan(FakeProbe(["0", "1"]), {"CUDA_VISIBLE_DEVICES": "1"}, gpus=[2])
+    p = plan(FakeProbe(["0", "1", "2"]), {"CUDA_VISIBLE_DEVICES": "1"}, gpus=[2])
     assert devices(p) == ["2"]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "expected"),
+    [([1, 0], ["1", "0"]), ([UUID_B], [UUID_B]), (["GPU-1b2c3d4e"], ["GPU-1b2c3d4e"])],
+)
+def test_named_gpus_that_nvml_lists_are_used(gpus: list[int | str], expected: list[str]) -> None:
+    # by index, by UUID, or by a prefix of a UUID, as CUDA takes them
+    assert devices(plan(FakeProbe(["0", "1"]), gpus=gpus)) == expected
+
+
+@pytest.mark.parametrize(
+    ("probe", "environ", "gpus", "key", "missing", "sees"),
+    [
+        (FakeProbe([]), {}, [0], "hydra.launcher.gpus", "0", "NVML sees no GPU on this machine"),
+        (
+            FakeProbe(["0", "1"]),
+            {},
+            [1, 2],
+            "hydra.launcher.gpus",
+            "2",
+            f"NVML sees 2 GPUs: 0 ({UUID_A}), 1 ({UUID_B})",
+        ),
+        (
+            FakeProbe(["0"]),
+            {},
+            [UUID_B],
+            "hydra.launcher.gpus",
+            UUID_B,
+            f"NVML sees 1 GPU: 0 ({UUID_A})",
+        ),
+        (
+            FakeProbe(["0", "1"]),
+            {"CUDA_VISIBLE_DEVICES": "1,3"},
+            None,
+            "CUDA_VISIBLE_DEVICES",
+            "3",
+            f"NVML sees 2 GPUs: 0 ({UUID_A}), 1 ({UUID_B})",
+        ),
+    ],
+    ids=["no-gpu", "index", "uuid", "cuda-visible-devices"],
+)
+def test_a_named_gpu_nvml_does_not_list_is_refused(
+    probe: FakeProbe,
+    environ: dict[str, str],
+    gpus: list[int | str] | None,
+    key: str,
+    missing: str,
+    sees: str,
+) -> None:
+    with pytest.raises(FurcateConfigError) as info:
+        plan(probe, environ, gpus=gpus)
+    message = str(info.value)
+    assert info.value.key == key
+    assert f"GPU {missing} does not exist: {sees}. Fix: " in message
+    if gpus is not None:
+        assert f"Invalid hydra.launcher.gpus={gpus!r}:" in message
+
+
+def test_the_fix_for_a_gpu_that_does_not_exist_names_what_nvml_lists() -> None:
+    with pytest.raises(FurcateConfigError, match=r"Fix: name GPUs NVML sees, .*gpus=\[0,1\]"):
+        plan(FakeProbe(["0", "1"]), gpus=[4])
+    with pytest.raises(FurcateConfigError, match=r"Fix: set hydra.launcher.gpus=\[\] to run"):
+        plan(FakeProbe([]), gpus=[0])
+    with pytest.raises(FurcateConfigError, match="Fix: export CUDA_VISIBLE_DEVICES with GPUs"):
+        plan(FakeProbe(["0"]), {"CUDA_VISIBLE_DEVICES": "1"})
+
+
+def test_without_nvml_named_gpus_are_used_as_named_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="furcate_hydra.execution.slots"):
+        p = plan(FakeProbe([], nvml=False), gpus=[0, 1])
+    assert devices(p) == ["0", "1"]
+    assert p.source == "explicit"
+    assert [r.getMessage() for r in caplog.records] == [
+        "furcate: cannot check that GPUs 0,1 (hydra.launcher.gpus) exist: NVML is not "
+        "available (no NVIDIA driver?); a job whose GPU does not exist runs on CPU"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="furcate_hydra.execution.slots"):
+        plan(FakeProbe([], nvml=False), {"CUDA_VISIBLE_DEVICES": "2"})
+    assert [r.getMessage() for r in caplog.records] == [
+        "furcate: cannot check that GPU 2 (CUDA_VISIBLE_DEVICES) exists: NVML is not "
+        "available (no NVIDIA driver?); a job whose GPU does not exist runs on CPU"
+    ]
+
+
+def test_mig_instances_are_taken_as_named() -> None:
+    # NVML's list of GPUs does not hold MIG instances: nothing to check them against
+    mig = "MIG-7a2e1b1c-3d4e-5f60-7182-93a4b5c6d7e8"
+    assert devices(plan(FakeProbe(["0"]), gpus=[mig])) == [mig]
 
 
 @pytest.mark.parametrize("gpus", [[], ""])

@@ -119,7 +119,14 @@ def test_interrupted_job_resumes_from_its_checkpoint(
     output = result.stdout + result.stderr
     assert "skipped 1 of 2 configs" in output
     assert f"resumes MLflow run {interrupted.info.run_id}" in output
-    assert not (tmp_path / "second" / "0").exists()  # the finished config did not run again
+    # the finished config did not run again: its job dir only records where it ran
+    assert not (tmp_path / "second" / "0" / "stdout.log").exists()
+    skipped = json.loads((tmp_path / "second" / "0" / "run_data.json").read_text())
+    assert skipped["skipped"] is True
+    assert skipped["recorded_output_dir"] == str(tmp_path / "first" / "0")
+    # the resumed job's dir links to its run's checkpoints, which stay where they were made
+    link = tmp_path / "second" / "1" / "checkpoints"
+    assert link.is_symlink() and link.resolve() == (tmp_path / "first" / "1" / "checkpoints")
 
     # The resumed process ran only the epochs after the last checkpoint (epochs may have
     # been saved after `saved_epoch` was read, before the kill landed).

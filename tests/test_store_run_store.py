@@ -26,7 +26,9 @@ HEARTBEAT_S = 0.2
 
 
 def open_store(uri: str, name: str = "exp") -> RunStore:
-    return RunStore(resolve_tracking_uri(uri), name, heartbeat_s=HEARTBEAT_S, stale_after_s=5)
+    return RunStore(
+        resolve_tracking_uri(uri), name, heartbeat_s=HEARTBEAT_S, stale_after_s=5, sqlite_wal=True
+    )
 
 
 @pytest.fixture

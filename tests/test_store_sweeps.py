@@ -161,7 +161,7 @@ def test_failed_configs_run_again_by_default(tmp_path: Path, mlflow_store: str) 
     # Default (failed): only the failed config runs again.
     run_probe_sweep(tmp_path, f"hydra.sweep.dir={tmp_path / 'again'}", "mode=ok,raise")
     assert (tmp_path / "again" / "1" / "stdout.log").exists()
-    assert not (tmp_path / "again" / "0").exists()
+    assert not (tmp_path / "again" / "0" / "stdout.log").exists()  # FINISHED: not run again
 
     # all: everything runs, each in a new run.
     sweep(tmp_path, "all", "mode=ok", "hydra.launcher.rerun=all")

@@ -10,7 +10,7 @@ import pytest
 from hydra.core.utils import JobStatus
 from hydra.errors import CompactHydraException
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
+from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.store import RunStatus
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.option_helpers import parse_grid_sweeper_options
@@ -39,7 +39,7 @@ def test_exclusions_match_lists_dotted_keys_and_group_choices(tmp_path: Path) ->
         ("+model=big", "sleep=0.01"),
     ]
     assert (
-        "2 of 6 configs to run, 4 excluded by hydra.sweeper.exclude "
+        "2 of 6 configs in the grid, 4 excluded by hydra.sweeper.exclude "
         "({model='big', sleep=0}: 1, {model.width=8, sleep in [0.01, 0.02]}: 2, "
         "{model.depth=3, sleep=0.02}: 1)"
     ) in result.stdout
@@ -63,7 +63,21 @@ def test_grid_syntax_and_order_are_hydras(tmp_path: Path) -> None:
         )
     )
     assert ran_overrides(tmp_path / "sweep") == expected
-    assert "8 of 8 configs to run" in result.stdout
+    assert "8 of 8 configs in the grid" in result.stdout
+
+
+def test_an_override_interpolating_a_job_field_is_left_to_the_job(tmp_path: Path) -> None:
+    # The live-edit set-up (watch is on) reads the command line to compose edits later; the
+    # job number only exists per job, so reading it must not resolve it.
+    result = run_probe_sweep(
+        tmp_path, "hydra/sweeper=furcate", "hydra.sweep.subdir=${hydra.job.num}", "+i=0,1"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "furcate: watching" in result.stdout
+    jobs = ran_jobs(tmp_path / "sweep")
+    assert list(jobs) == [0, 1]
+    for num in jobs:
+        assert (tmp_path / "sweep" / str(num) / "probe.json").is_file()
 
 
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path, mlflow_store: str) -> None:
@@ -120,7 +134,7 @@ BAD_OPTION_VALUES: list[tuple[dict[str, Any], str]] = [
 def test_bad_sweeper_option_values_are_named_with_their_fix(
     options: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(SweeperOptionError) as raised:
+    with pytest.raises(OptionError) as raised:
         parse_grid_sweeper_options({"params": {"sleep": "0,0.01"}, **options})
     assert message in str(raised.value)
     assert "Fix:" in str(raised.value)

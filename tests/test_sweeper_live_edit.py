@@ -106,7 +106,7 @@ def test_editing_the_grid_mid_sweep_queues_new_and_drops_removed_configs(
         ("i=10",),
     ]
     assert list(jobs) == [0, 1, 2, 3, 4]  # job numbers keep increasing, none reused
-    assert "5 of 6 configs to run, 1 excluded by hydra.sweeper.exclude ({i=11}: 1)" in stdout
+    assert "5 of 6 configs in the grid, 1 excluded by hydra.sweeper.exclude ({i=11}: 1)" in stdout
     assert "1 new configs queued, 2 queued configs dropped" in stdout
     assert "furcate: ignoring the edit of" in stdout and "the sweep goes on" in stdout
 

@@ -11,7 +11,8 @@ import pytest
 from hydra.errors import CompactHydraException
 from optuna.trial import TrialState
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
+from furcate_hydra.hydra_layer.options import OptionError
+from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from tests.conftest import RunStudy
 from tests.conftest import run_optuna_study as run_study
 from tests.option_helpers import parse_optuna_sweeper_options
@@ -77,7 +78,7 @@ def test_bad_options_stop_before_any_trial(
     ],
 )
 def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], expected: str) -> None:
-    with pytest.raises(SweeperOptionError) as raised:
+    with pytest.raises(OptionError) as raised:
         parse_optuna_sweeper_options({"pruner": {"name": "none"}, **options})
     assert expected in str(raised.value)
     assert "Fix: " in str(raised.value)
@@ -85,13 +86,61 @@ def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], exp
 
 def test_a_storage_that_is_not_a_url_is_named_with_its_fix() -> None:
     # the CLI cases above show such an error stopping the sweep before any trial
-    with pytest.raises(SweeperOptionError) as raised:
+    with pytest.raises(OptionError) as raised:
         parse_optuna_sweeper_options({"pruner": {"name": "none"}, "storage": "optuna.db"})
     message = str(raised.value)
     assert "Invalid hydra.sweeper.storage='optuna.db'" in message
     assert "sqlite:///optuna.db" in message
     # what Hydra prints as a compact message, not a stack trace
     assert isinstance(raised.value, CompactHydraException)
+
+
+@pytest.mark.parametrize(
+    "options, key, fix",
+    [
+        (
+            {"search_space": {"x": {"type": "float", "low": 0, "high": 1, "q": 0.1}}},
+            "hydra.sweeper.search_space.x",
+            "use only type, low, high, step, log, choices",
+        ),
+        (
+            {"search_space": {"x": {"type": "uniform", "low": 0, "high": 1}}},
+            "hydra.sweeper.search_space.x",
+            "write e.g. {type: float, low: 0.0, high: 1.0}",
+        ),
+        (
+            {"search_space": {"x": {"type": "int", "low": 8, "high": 1}}},
+            "hydra.sweeper.search_space.x",
+            "write e.g. {type: int, low: 1, high: 100}",
+        ),
+        (
+            {"search_space": {"x": {"type": "categorical", "choices": []}}},
+            "hydra.sweeper.search_space.x",
+            "write {type: categorical, choices: [a, b]}",
+        ),
+        (
+            # hydra-optuna-sweeper would warn and ignore search_space: refused here
+            {
+                "search_space": {"x": {"type": "float", "low": 0, "high": 1, "step": 0.25}},
+                "params": {"y": "choice(1, 2)"},
+            },
+            "hydra.sweeper.search_space",
+            "move its entries into hydra.sweeper.params (x: range(0.0, 1.0, step=0.25)) and "
+            "delete hydra.sweeper.search_space",
+        ),
+    ],
+)
+def test_a_bad_search_space_is_named_with_its_value_and_fix(
+    options: dict[str, Any], key: str, fix: str
+) -> None:
+    with pytest.raises(OptionError) as raised:
+        FurcateOptunaSweeper.parse_options({"pruner": {"name": "none"}, **options})
+    error = raised.value
+    assert error.key == key
+    name = key.rpartition("search_space")[2].lstrip(".")
+    value = options["search_space"][name] if name else options["search_space"]
+    assert f"Invalid {key}={value!r}: " in str(error)
+    assert f"Fix: {fix}" in str(error)
 
 
 @pytest.mark.parametrize(

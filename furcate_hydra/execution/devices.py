@@ -8,15 +8,40 @@ CUDA's own rules, except that we refuse malformed entries instead of silently dr
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Protocol
 
 from furcate_hydra.errors import FurcateConfigError
 
-__all__ = ["GpuProbe", "NvmlProbe", "normalize_device_id", "parse_cuda_visible_devices"]
+__all__ = [
+    "GpuProbe",
+    "InstalledGpu",
+    "NvmlProbe",
+    "normalize_device_id",
+    "parse_cuda_visible_devices",
+]
 
 # CUDA also accepts unambiguous UUID prefixes, so only the "GPU-"/"MIG-" head is required.
 # Old drivers spell MIG devices "MIG-GPU-<uuid>/<gi>/<ci>", hence "/" in the MIG form.
 _UUID_RE = re.compile(r"GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z/-]+")
+
+
+@dataclass(frozen=True)
+class InstalledGpu:
+    """A GPU as NVML lists it: its index (PCI bus order, as jobs number them) and its UUID."""
+
+    index: str
+    uuid: str
+
+    def is_named_by(self, device_id: str) -> bool:
+        """Whether a normalised device id names this GPU: its index, or its UUID or a prefix
+        of it (CUDA takes an unambiguous prefix)."""
+        if device_id.isdigit():
+            return device_id == self.index
+        return device_id.startswith("GPU-") and self.uuid.startswith(device_id)
+
+    def __str__(self) -> str:
+        return f"{self.index} ({self.uuid})"
 
 
 class GpuProbe(Protocol):
@@ -24,6 +49,10 @@ class GpuProbe(Protocol):
 
     def device_ids(self) -> list[str]:
         """Return ids usable as a ``CUDA_VISIBLE_DEVICES`` value ("0", "GPU-<uuid>", ...)."""
+        ...
+
+    def installed(self) -> list[InstalledGpu] | None:
+        """Return the GPUs installed, or None where that cannot be known (no NVML)."""
         ...
 
     def free_memory_bytes(self, device_id: str) -> int:
@@ -103,6 +132,25 @@ class NvmlProbe:
         finally:
             pynvml.nvmlShutdown()
         return [str(i) for i in range(count)]
+
+    def installed(self) -> list[InstalledGpu] | None:
+        """Return every GPU NVML lists, or None when NVML is unavailable or does not answer."""
+        import pynvml
+
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            return None
+        try:
+            gpus = []
+            for index in range(int(pynvml.nvmlDeviceGetCount())):
+                uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+                gpus.append(InstalledGpu(str(index), str(uuid)))
+            return gpus
+        except pynvml.NVMLError:
+            return None
+        finally:
+            pynvml.nvmlShutdown()
 
     def free_memory_bytes(self, device_id: str) -> int:
         """Return free memory of a device given by NVML index or GPU-/MIG- UUID (or prefix).

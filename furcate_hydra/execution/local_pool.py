@@ -1,228 +1,265 @@
-"""A pool of slots that runs each job in a fresh process forked from a warm server.
+"""The local executor: slots on this machine, each job a fresh process forked from a warm server.
 
-    submit(spec) ──► queue ──► free slot? ──► Start ──► fork server ──► job process
-                                   ▲                                       │ exits
-    wait_any() ◄── JobResult ◄── result file / exit status ◄── Exited ◄────┘
-                                   └── slot freed, next queued job dispatched at once
+    submit(job) ──► queue ──► free slot? ──► Start ──► fork server ──► job process
+                                  ▲                                       │ exits
+    wait_any() ◄── JobRecord ◄── result file / exit status ◄── Exited ◄───┘
+                                  └── slot freed, next queued job dispatched at once
 
-Used synchronously (``run_all``: submit everything, results in input order) or asynchronously
-(``submit`` then ``wait_any``), which is how the sweepers keep every slot busy. One thread owns a
-pool; nothing here imports Hydra.
+Used synchronously (``run_all``: submit everything, records in input order) or asynchronously
+(``submit`` then ``wait_any``), which is how the sweepers keep every slot busy. Keeps the
+``Executor`` contract (``furcate_hydra.execution.executor``): one owner thread, every job back
+once, a dead fork server breaks the pool loudly. Nothing here imports Hydra.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
+import contextlib
 import logging
+import os
 import shutil
 import signal
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
+from furcate_hydra.errors import ExecutorBrokenError, ForkServerError
+from furcate_hydra.execution import interrupts
+from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver import ChildReport, ForkServerClient
 from furcate_hydra.execution.forkserver.protocol import Exited, Start, Started, StartFailed
+from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.slots import Slot, SlotPlan
+from furcate_hydra.progress import JobProgress, read_progress
 
-__all__ = ["JobResult", "JobSpec", "JobState", "PoolOptions", "SlotPool"]
+__all__ = ["LocalPool", "PoolOptions"]
 
 log = logging.getLogger(__name__)
 
-STDOUT_NAME = "stdout.log"
-STDERR_NAME = "stderr.log"
-
-
-class JobState(enum.Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"  # the job ran and returned a value
-    FAILED = "failed"  # the job raised, called sys.exit, or its value could not be pickled
-    CRASHED = "crashed"  # the process died without reporting (signal, os._exit)
-    CANCELLED = "cancelled"  # stopped by the pool's owner before it finished
-
-    @property
-    def finished(self) -> bool:
-        return self not in (JobState.QUEUED, JobState.RUNNING)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """One job: an opaque payload for the warm context, and where its logs go."""
-
-    key: str
-    payload: bytes
-    log_dir: Path
-    label: str = ""
-
-
-@dataclass
-class JobResult:
-    spec: JobSpec
-    state: JobState = JobState.QUEUED
-    value: Any = None
-    error: str | None = None
-    slot: Slot | None = None
-    pid: int | None = None
-    attempts: int = 0
-    submitted_at: float = field(default_factory=time.time)
-    started_at: float | None = None
-    ended_at: float | None = None
-
-    @property
-    def stdout_path(self) -> Path:
-        return self.spec.log_dir / STDOUT_NAME
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.spec.log_dir / STDERR_NAME
+# How often running jobs' progress files are looked at, while anyone listens for PROGRESS.
+PROGRESS_POLL_S = 1.0
+# Longest a wait goes without looking for a Ctrl-C that Python lost (see interrupts.py).
+INTERRUPT_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
 class PoolOptions:
+    """How the pool treats its jobs (``hydra.launcher`` keys of the same names)."""
+
     # re-run a job whose process crashed (not one that raised) up to this many times
-    max_retries: int = 0
+    max_retries: int
     # modules the fork server imports once so that jobs start warm
-    preload: tuple[str, ...] = ("torch", "pytorch_lightning")
+    preload: tuple[str, ...]
     # copy each job's stdout/stderr onto the launcher's console as well as its log files
-    echo_output: bool = True
+    echo_output: bool
     # time a stopped job gets between SIGTERM and SIGKILL
-    stop_grace_s: float = 5.0
+    stop_grace_s: float
 
 
-class SlotPool:
+class LocalPool:
     """Runs jobs on the slots of a plan, one fresh process per job."""
 
-    def __init__(self, plan: SlotPlan, context: bytes, options: PoolOptions | None = None) -> None:
+    def __init__(self, plan: SlotPlan, context: bytes, options: PoolOptions) -> None:
         self.plan = plan
-        self.options = options or PoolOptions()
+        self.options = options
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
-        self._server = ForkServerClient(list(self.options.preload), context)
+        self._server = ForkServerClient(list(options.preload), context)
         self._free: list[Slot] = list(plan.slots)
         self._busy_per_device: collections.Counter[str | None] = collections.Counter()
-        self._queue: collections.deque[JobResult] = collections.deque()
-        self._running: dict[str, JobResult] = {}
+        self._queue: collections.deque[JobRecord] = collections.deque()
+        self._running: dict[str, JobRecord] = {}
         self._cancelled: set[str] = set()
-        self._done: list[JobResult] = []
+        self._done: list[JobRecord] = []
+        self._listeners: list[JobListener] = []
+        self._progress_seen: dict[str, int] = {}  # job key -> mtime_ns of its progress file
+        self._progress_polled = 0.0
+        self._broken: str | None = None
         self._closed = False
 
-    @property
-    def server_start_s(self) -> float:
-        return self._server.start_s
-
-    def set_context(self, context: bytes) -> None:
-        """Replace the warm context for jobs started from now on."""
-        self._server.set_context(context)
-
-    def submit(self, spec: JobSpec) -> None:
-        if spec.key in self._running or any(job.spec.key == spec.key for job in self._queue):
-            raise ValueError(f"job key {spec.key!r} is already queued or running")
-        self._queue.append(JobResult(spec))
-        self._dispatch()
-        # Take in jobs that ended meanwhile, so a caller busy submitting (composing configs)
-        # does not leave their slots idle until it next waits.
-        self._drain_events()
+    # -- the Executor contract ---------------------------------------------------------
 
     @property
-    def pending(self) -> int:
-        """Jobs submitted but not yet handed back by ``wait_any``."""
-        return len(self._queue) + len(self._running) + len(self._done)
+    def slot_count(self) -> int:
+        return len(self.plan.slots)
 
     @property
     def idle_slots(self) -> int:
         return len(self._free)
 
-    def wait_any(self, timeout: float | None = None) -> list[JobResult]:
-        """Block until at least one job finishes (or ``timeout`` passes); return what finished."""
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._running) + len(self._done)
+
+    @property
+    def server_start_s(self) -> float:
+        """Seconds the fork server took to start and preload."""
+        return self._server.start_s
+
+    @property
+    def server_pid(self) -> int:
+        return self._server.process.pid
+
+    def describe(self) -> str:
+        return self.plan.describe()
+
+    def add_listener(self, listener: JobListener) -> None:
+        self._listeners.append(listener)
+
+    def set_context(self, context: bytes) -> None:
+        if self._broken is None:
+            self._send(lambda: self._server.set_context(context))
+
+    def submit(self, job: JobRecord) -> None:
+        """Queue a job. Raises ExecutorBrokenError once the fork server is gone."""
+        if self._broken is not None:
+            raise ExecutorBrokenError(
+                f"Job {job.name} cannot start: the local slot pool is broken ({self._broken}). "
+                "Every job it held was recorded as failed; start the sweep again to run "
+                "what is left (finished configs are skipped)."
+            )
+        if job.key in self._running or any(queued.key == job.key for queued in self._queue):
+            raise ValueError(f"job key {job.key!r} is already queued or running")
+        job.state = JobState.QUEUED
+        self._queue.append(job)
+        self._dispatch()
+        # Take in jobs that ended meanwhile, so a caller busy submitting (composing configs)
+        # does not leave their slots idle until it next waits.
+        self._drain_events()
+
+    def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._done and (self._running or self._queue):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
-            event = self._server.receive(timeout=remaining)
+            if self._listeners and self._running:  # wake up for the next progress poll
+                due = max(0.0, self._progress_polled + PROGRESS_POLL_S - time.monotonic())
+                remaining = due if remaining is None else min(remaining, due)
+            interrupts.check()
+            # never block for long: a Ctrl-C Python lost is raised at the next check
+            remaining = (
+                INTERRUPT_CHECK_S if remaining is None else min(remaining, INTERRUPT_CHECK_S)
+            )
+            event = self._receive(remaining)
             if event is not None:
                 self._on_event(event)
+            self._poll_progress()
         done, self._done = self._done, []
         return done
 
-    def _drain_events(self) -> None:
-        while (event := self._server.receive(timeout=0)) is not None:
-            self._on_event(event)
-
-    def as_completed(self) -> Iterator[JobResult]:
-        while self.pending:
-            yield from self.wait_any()
-
-    def run_all(self, specs: Sequence[JobSpec]) -> list[JobResult]:
-        """Submit every job, wait for all of them, return results in input order."""
-        for spec in specs:
-            self.submit(spec)
-        by_key = {result.spec.key: result for result in self.as_completed()}
-        return [by_key[spec.key] for spec in specs]
-
     def cancel(self, keys: Iterable[str]) -> None:
-        """Drop queued jobs and stop running ones; each still comes back as CANCELLED."""
         for key in keys:
             for job in list(self._queue):
-                if job.spec.key == key:
+                if job.key == key:
                     self._queue.remove(job)
                     self._finish(job, JobState.CANCELLED, error="cancelled before it started")
-            if key in self._running:
+            if key in self._running and self._broken is None:
                 self._cancelled.add(key)
-                self._server.kill(key, signal.SIGTERM)
+                self._send(lambda key=key: self._server.kill(key, signal.SIGTERM))
 
     def close(self) -> None:
         """Stop every job's process group and the fork server; idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._running:
+        if self._running and self._broken is None:
             log.warning("Stopping %d running job(s)", len(self._running))
         self._server.shutdown(self.options.stop_grace_s)
         shutil.rmtree(self._runtime_dir, ignore_errors=True)
 
-    def __enter__(self) -> SlotPool:
+    # -- conveniences --------------------------------------------------------------------
+
+    def as_completed(self) -> Iterator[JobRecord]:
+        while self.pending:
+            yield from self.wait_any()
+
+    def run_all(self, jobs: Sequence[JobRecord]) -> list[JobRecord]:
+        """Submit every job, wait for all of them, return them in input order."""
+        for job in jobs:
+            self.submit(job)
+        by_key = {job.key: job for job in self.as_completed()}
+        return [by_key[job.key] for job in jobs]
+
+    def __enter__(self) -> LocalPool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # -- the fork server -----------------------------------------------------------------
+
+    def _receive(self, timeout: float | None) -> object | None:
+        try:
+            return self._server.receive(timeout=timeout)
+        except ForkServerError as exc:
+            self._break(str(exc))
+            return None
+
+    def _drain_events(self) -> None:
+        while self._broken is None and (event := self._receive(0)) is not None:
+            self._on_event(event)
+
+    def _send(self, request: Any) -> None:
+        try:
+            request()
+        except OSError as exc:  # BrokenPipeError and kin: the server is gone
+            self._break(f"the fork server stopped taking requests ({exc!r})")
+
+    def _break(self, reason: str) -> None:
+        """The fork server died: every job held here is LOST, with the reason; no more submits.
+
+        Its jobs run in sessions of their own, so they outlive it: stop them, as it would have.
+        """
+        if self._broken is not None:
+            return
+        self._broken = reason
+        log.error("furcate: the local slot pool is broken: %s", reason)
+        for job in list(self._running.values()):
+            if job.pid is not None:
+                _kill_group(job.pid)
+        for job in [*self._running.values(), *self._queue]:
+            self._finish(job, JobState.LOST, error=f"{reason}\n{job.paths.see_logs()}")
+        self._running.clear()
+        self._queue.clear()
+        self._free = []
+
     # -- internals -----------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        while self._queue and self._free:
+        while self._queue and self._free and self._broken is None:
             slot = min(self._free, key=lambda s: (self._busy_per_device[s.device], s.index))
             self._free.remove(slot)
             self._busy_per_device[slot.device] += 1
             job = self._queue.popleft()
             job.slot, job.state = slot, JobState.RUNNING
             job.attempts += 1
-            job.spec.log_dir.mkdir(parents=True, exist_ok=True)
-            self._running[job.spec.key] = job
-            self._server.start(
-                Start(
-                    key=job.spec.key,
-                    payload=job.spec.payload,
-                    env=slot.env(),
-                    cpus=slot.cpus,
-                    threads=slot.threads,
-                    stdout_path=str(job.stdout_path),
-                    stderr_path=str(job.stderr_path),
-                    result_path=str(self._result_path(job)),
-                    echo=self.options.echo_output,
-                )
+            job.ended_at = None  # of an attempt that crashed, if this is a retry
+            job.paths.output_dir.mkdir(parents=True, exist_ok=True)
+            self._running[job.key] = job
+            start = Start(
+                key=job.key,
+                payload=job.payload,
+                env={**job.env, **slot.env()},
+                cpus=slot.cpus,
+                threads=slot.threads,
+                stdout_path=str(job.paths.stdout),
+                stderr_path=str(job.paths.stderr),
+                result_path=str(self._result_path(job)),
+                echo=self.options.echo_output,
             )
+            self._send(lambda start=start: self._server.start(start))
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, Started):
             job = self._running[event.key]
             job.pid, job.started_at = event.pid, event.forked_at
+            self._emit(EventKind.STARTED, job)
         elif isinstance(event, StartFailed):
             self._release(self._running.pop(event.key), JobState.FAILED, error=event.error)
         elif isinstance(event, Exited):
@@ -230,32 +267,54 @@ class SlotPool:
             job.ended_at = event.ended_at
             self._on_exit(job, event.wait_status)
 
-    def _on_exit(self, job: JobResult, wait_status: int) -> None:
+    def _on_exit(self, job: JobRecord, wait_status: int) -> None:
         report = self._read_report(job)
-        if job.spec.key in self._cancelled:
-            self._cancelled.discard(job.spec.key)
+        see_logs = f"\n{job.paths.see_logs()}"
+        if job.key in self._cancelled:
+            self._cancelled.discard(job.key)
             self._release(job, JobState.CANCELLED, error="stopped by the launcher")
         elif report is not None and report.error is None:
             self._release(job, JobState.COMPLETED, value=report.value)
         elif report is not None:
-            self._release(job, JobState.FAILED, error=f"{report.error}{self._see_logs(job)}")
+            self._release(job, JobState.FAILED, error=f"{report.error}{see_logs}")
         elif job.attempts <= self.options.max_retries:
+            why = describe_wait_status(wait_status)
             log.warning(
                 "Job %s crashed (%s); retry %d of %d",
-                job.spec.label or job.spec.key,
-                describe_wait_status(wait_status),
+                job.label or job.key,
+                why,
                 job.attempts,
                 self.options.max_retries,
             )
             self._free_slot(job)
             job.state = JobState.QUEUED
             self._queue.appendleft(job)
+            self._emit(EventKind.RETRYING, job, why)
             self._dispatch()
         else:
-            error = f"{describe_wait_status(wait_status)}{self._see_logs(job)}"
+            error = f"{describe_wait_status(wait_status)}{see_logs}"
             self._release(job, JobState.CRASHED, error=error)
 
-    def _read_report(self, job: JobResult) -> ChildReport | None:
+    def _poll_progress(self) -> None:
+        """A PROGRESS event for each running job whose progress file changed."""
+        now = time.monotonic()
+        if not self._listeners or now - self._progress_polled < PROGRESS_POLL_S:
+            return
+        self._progress_polled = now
+        for job in list(self._running.values()):
+            try:
+                mtime = job.paths.progress.stat().st_mtime_ns
+            except OSError:
+                continue  # nothing reported yet
+            if self._progress_seen.get(job.key) == mtime:
+                continue
+            progress = read_progress(job.paths.progress)
+            if progress is not None and (job.started_at or 0) <= progress.at:
+                self._progress_seen[job.key] = mtime
+                job.progress = progress
+                self._emit(EventKind.PROGRESS, job, progress=progress)
+
+    def _read_report(self, job: JobRecord) -> ChildReport | None:
         path = self._result_path(job)
         if not path.exists():
             return None
@@ -267,28 +326,43 @@ class SlotPool:
             path.unlink(missing_ok=True)
         return report if isinstance(report, ChildReport) else None
 
-    def _release(self, job: JobResult, state: JobState, **fields: Any) -> None:
+    def _release(self, job: JobRecord, state: JobState, **fields: Any) -> None:
         self._free_slot(job)
         self._finish(job, state, **fields)
         self._dispatch()
 
-    def _free_slot(self, job: JobResult) -> None:
+    def _free_slot(self, job: JobRecord) -> None:
         if job.slot is not None:
             self._busy_per_device[job.slot.device] -= 1
             self._free.append(job.slot)
 
-    def _finish(self, job: JobResult, state: JobState, **fields: Any) -> None:
+    def _finish(self, job: JobRecord, state: JobState, **fields: Any) -> None:
+        self._progress_seen.pop(job.key, None)
         job.state = state
         for name, value in fields.items():
             setattr(job, name, value)
         if job.ended_at is None:
             job.ended_at = time.time()
         self._done.append(job)
+        self._emit(EventKind.ENDED, job)
 
-    def _result_path(self, job: JobResult) -> Path:
+    def _emit(
+        self,
+        kind: EventKind,
+        job: JobRecord,
+        detail: str = "",
+        progress: JobProgress | None = None,
+    ) -> None:
+        event = JobEvent(kind, job, detail, progress)
+        for listener in self._listeners:
+            listener(event)
+
+    def _result_path(self, job: JobRecord) -> Path:
         # id() is unique while the job is held here, and a job is held until it is handed back.
         return self._runtime_dir / f"{id(job):x}-{job.attempts}.result"
 
-    @staticmethod
-    def _see_logs(job: JobResult) -> str:
-        return f"\nSee the job's logs: {job.stdout_path} and {job.stderr_path}"
+
+def _kill_group(pid: int) -> None:
+    # A job is its own session and process group (pgid == pid); its DataLoader workers too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -10,12 +11,15 @@ from dataclasses import dataclass
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.devices import (
     GpuProbe,
+    InstalledGpu,
     NvmlProbe,
     normalize_device_id,
     parse_cuda_visible_devices,
 )
 
 __all__ = ["Slot", "SlotOptions", "SlotPlan", "plan_slots"]
+
+log = logging.getLogger(__name__)
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -45,15 +49,16 @@ class Slot:
 
 @dataclass(frozen=True)
 class SlotOptions:
-    """Launcher options that shape the slots; see ``plan_slots`` for their meaning."""
+    """Launcher options that shape the slots (``hydra.launcher`` keys of the same names, whose
+    defaults live in the launcher's config); see ``plan_slots`` for their meaning."""
 
-    gpus: Sequence[int | str] | str | None = None
-    jobs_per_gpu: int | None = None
-    gpu_mem_per_job_gb: float | None = None
-    max_jobs_per_gpu: int = 8
-    max_workers: int | None = None
-    cpus_per_job: int | None = None
-    allow_cpu: bool = True
+    gpus: Sequence[int | str] | str | None
+    jobs_per_gpu: int | None
+    gpu_mem_per_job_gb: float | None
+    max_jobs_per_gpu: int
+    max_workers: int | None
+    cpus_per_job: int | None
+    allow_cpu: bool
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,10 @@ def plan_slots(
     """Decide the slots for a sweep.
 
     Devices come from ``options.gpus``, else ``CUDA_VISIBLE_DEVICES``, else the probe (NVML).
-    Each GPU gets ``jobs_per_gpu`` slots, or as many as fit ``gpu_mem_per_job_gb`` in its
-    free memory. Slots interleave GPUs so that ``max_workers`` spreads over all of them.
+    Named devices must be GPUs NVML lists; without NVML they are taken as named, with a
+    warning that they could not be checked. Each GPU gets ``jobs_per_gpu`` slots, or as many as
+    fit ``gpu_mem_per_job_gb`` in its free memory. Slots interleave GPUs so that
+    ``max_workers`` spreads over all of them.
 
     Args:
         options: The launcher's options.
@@ -125,10 +132,12 @@ def plan_slots(
         available_cpus: Cores this process may use; defaults to its affinity mask.
 
     Raises:
-        FurcateConfigError: An option is invalid, or no GPU was found and CPU is not allowed.
+        FurcateConfigError: An option is invalid, a named GPU does not exist, or no GPU was
+            found and CPU is not allowed.
     """
     explicit = _validate(options)
     environ = os.environ if environ is None else environ
+    probe = probe or NvmlProbe()
     cpus = sorted(set(available_cpus)) if available_cpus is not None else _affinity()
     if options.cpus_per_job is not None and options.cpus_per_job > len(cpus):
         raise FurcateConfigError(
@@ -139,12 +148,13 @@ def plan_slots(
         )
     if explicit is not None:
         devices, source, where = explicit, "explicit", "hydra.launcher.gpus is empty"
+        _check_installed(devices, "hydra.launcher.gpus", options.gpus, probe)
     elif "CUDA_VISIBLE_DEVICES" in environ:
         value = environ["CUDA_VISIBLE_DEVICES"]
         devices, source = parse_cuda_visible_devices(value), "CUDA_VISIBLE_DEVICES"
         where = f"CUDA_VISIBLE_DEVICES={value!r}"
+        _check_installed(devices, "CUDA_VISIBLE_DEVICES", value, probe)
     else:
-        probe = probe or NvmlProbe()
         devices, source = probe.device_ids(), "NVML"
         where = "NVML lists none"
 
@@ -167,8 +177,7 @@ def plan_slots(
         slots = tuple(Slot(i, None, blocks[i], threads) for i in range(n))
         return SlotPlan(slots, "cpu", where)
 
-    memory_probe = probe or NvmlProbe()
-    per_gpu = [_jobs_on(device, options, memory_probe) for device in devices]
+    per_gpu = [_jobs_on(device, options, probe) for device in devices]
     order = [
         device
         for round_ in range(max(per_gpu))
@@ -253,6 +262,57 @@ def _explicit_gpus(gpus: object) -> list[str] | None:
             )
         devices.append(device)
     return devices
+
+
+def _check_installed(devices: list[str], key: str, value: object, probe: GpuProbe) -> None:
+    """Refuse a named GPU that NVML does not list: its jobs would train on CPU unawares.
+
+    Without NVML nothing can be checked, so the ids are taken as named and a warning says so.
+    MIG instances are not in NVML's list of GPUs and are taken as named.
+    """
+    named = [device for device in devices if not device.startswith("MIG-")]
+    if not named:
+        return
+    installed = probe.installed()
+    if installed is None:
+        log.warning(
+            "furcate: cannot check that GPU%s %s (%s) exist%s: NVML is not available (no NVIDIA "
+            "driver?); a job whose GPU does not exist runs on CPU",
+            _s(len(named)),
+            ",".join(named),
+            key,
+            "" if len(named) > 1 else "s",
+        )
+        return
+    for device in named:
+        if not any(gpu.is_named_by(device) for gpu in installed):
+            raise FurcateConfigError(
+                key,
+                value,
+                f"GPU {device} does not exist: {_nvml_sees(installed)}",
+                _installed_fix(key, installed),
+            )
+
+
+def _nvml_sees(installed: list[InstalledGpu]) -> str:
+    if not installed:
+        return "NVML sees no GPU on this machine"
+    listed = ", ".join(str(gpu) for gpu in installed)
+    return f"NVML sees {len(installed)} GPU{_s(len(installed))}: {listed}"
+
+
+def _installed_fix(key: str, installed: list[InstalledGpu]) -> str:
+    ids = ",".join(gpu.index for gpu in installed)
+    if key == "CUDA_VISIBLE_DEVICES":
+        if not installed:
+            return "export CUDA_VISIBLE_DEVICES='' (or unset it) to run on CPU"
+        return f"export CUDA_VISIBLE_DEVICES with GPUs NVML sees (e.g. {ids}), or unset it"
+    if not installed:
+        return f"set {key}=[] to run on CPU, or run the sweep where the GPU is"
+    return (
+        f"name GPUs NVML sees, by index or UUID (e.g. {key}=[{ids}]), or leave {key} unset "
+        "to use every GPU"
+    )
 
 
 def _jobs_on(device: str, options: SlotOptions, probe: GpuProbe) -> int:

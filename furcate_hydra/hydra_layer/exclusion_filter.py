@@ -18,7 +18,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra.hydra_layer.compose import SweepComposer
-from furcate_hydra.hydra_layer.grid import SweeperOptionError, plain
+from furcate_hydra.hydra_layer.options import OptionError, plain
 from furcate_hydra.hydra_layer.task_config import as_job
 from furcate_hydra.sweeping.exclusion import ABSENT, ConfigView, ExclusionRule, unknown_keys
 
@@ -43,7 +43,8 @@ class FilteredGrid:
         return self.total - len(self.kept)
 
     def describe(self) -> str:
-        text = f"{len(self.kept)} of {self.total} configs to run"
+        # "in the grid", not "to run": a rerun may find every one of them recorded already
+        text = f"{len(self.kept)} of {self.total} configs in the grid"
         if not self.excluded:
             return text
         rules = ", ".join(f"{rule}: {self.excluded_by[rule]}" for rule in self.rules)
@@ -88,7 +89,7 @@ class GridFilter:
         views = [self._view(config, keys) for config in configs]
         if check_keys and (unknown := unknown_keys(rules, views)):
             index = next(i for i, rule in enumerate(rules) if unknown[0] in rule.keys)
-            raise SweeperOptionError(
+            raise OptionError(
                 f"hydra.sweeper.exclude[{index}]",
                 unknown[0],
                 "names a key that is in no config of the sweep (neither a config key nor a "
@@ -125,7 +126,7 @@ class GridFilter:
                 try:
                     value = view.get(key)
                 except Exception as exc:  # an interpolation that cannot be resolved
-                    raise SweeperOptionError(
+                    raise OptionError(
                         "hydra.sweeper.exclude",
                         key,
                         f"cannot be read in the config of {' '.join(config) or 'no overrides'} "

@@ -15,30 +15,18 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import CompactHydraException, HydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
 from furcate_hydra.sweeping.exclusion import ExclusionRule, parse_exclusions
 
-__all__ = [
-    "COMPOSE_ERRORS",
-    "SweepSpec",
-    "SweeperOptionError",
-    "expand_grid",
-    "first_line",
-    "parse_sweep_overrides",
-    "plain",
-]
+__all__ = ["COMPOSE_ERRORS", "SweepSpec", "expand_grid", "first_line", "parse_sweep_overrides"]
 
 # What Hydra raises for config files it cannot compose (bad YAML, a missing group option, a
 # value of the wrong type): an edit mid-sweep can cause any of them.
 COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError)
-
-
-class SweeperOptionError(FurcateConfigError, CompactHydraException):
-    """A bad ``hydra.sweeper`` option; Hydra prints just the message, not a stack trace."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +42,7 @@ class SweepSpec:
         if params is None:
             params = {}
         if not isinstance(params, Mapping):
-            raise SweeperOptionError(
+            raise OptionError(
                 "hydra.sweeper.params",
                 params,
                 "must be a mapping of config keys to sweeps",
@@ -63,7 +51,7 @@ class SweepSpec:
         try:
             rules = parse_exclusions(plain(exclude), "hydra.sweeper.exclude")
         except FurcateConfigError as exc:
-            raise SweeperOptionError(exc.key, exc.value, exc.problem, exc.fix) from None
+            raise as_option_error(exc) from None
         lines = tuple((str(key), _param_value(key, value)) for key, value in params.items())
         return cls(lines, tuple(rules))
 
@@ -82,7 +70,7 @@ def parse_sweep_overrides(
         try:
             (override,) = parser.parse_overrides([f"{key}={value}"])
         except HydraException as exc:
-            raise SweeperOptionError(
+            raise OptionError(
                 f"hydra.sweeper.params.{key}", value, f"{problem} ({first_line(exc)})", fix
             ) from None
         parsed.append((f"hydra.sweeper.params.{key}", override))
@@ -107,7 +95,7 @@ def expand_grid(
         key = override.get_key_element()
         if override.is_sweep_override():
             if not override.is_discrete_sweep():
-                raise SweeperOptionError(
+                raise OptionError(
                     source,
                     (override.input_line or "").partition("=")[2],
                     "is an interval, which has no list of values to make a grid of",
@@ -124,20 +112,13 @@ def _param_value(key: object, value: Any) -> str:
     if isinstance(value, list | tuple):  # `lr: [0.1, 0.01]` in YAML reads as a sweep too
         return ",".join(str(v) for v in value)
     if value is None or isinstance(value, Mapping):
-        raise SweeperOptionError(
+        raise OptionError(
             f"hydra.sweeper.params.{key}",
             value,
             "must be a sweep written as Hydra overrides it",
             f"write it as `{key}: 1,2,3` (or choice(...), range(...), glob(...))",
         )
     return str(value)
-
-
-def plain(value: Any) -> Any:
-    """OmegaConf nodes as plain Python values (resolved); anything else as it is."""
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
 
 
 def first_line(exc: BaseException) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 import traceback
@@ -14,7 +13,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 
-__all__ = ["HydraJobContext", "JobOutcome", "JobPayload", "RemoteTraceback"]
+__all__ = ["HydraJobContext", "JobOutcome", "RemoteTraceback", "job_payload"]
 
 
 class RemoteTraceback(Exception):
@@ -28,12 +27,10 @@ class RemoteTraceback(Exception):
         return f"\n\nTraceback from the job's process:\n{self.text}"
 
 
-@dataclass(frozen=True)
-class JobPayload:
-    """What one job needs: its composed config and the environment the launcher gives it."""
-
-    sweep_config: Any
-    env: dict[str, str]
+def job_payload(sweep_config: Any) -> bytes:
+    """What one job's process unpickles: its composed config. Its environment (run, dirs,
+    trial) travels in the job's record and is set by the executor before the job starts."""
+    return pickle.dumps(sweep_config)
 
 
 @dataclass
@@ -60,12 +57,10 @@ class HydraJobContext:
         Singleton.set_state(self.singleton_state)
 
     def run(self, payload: bytes) -> JobOutcome:
-        job: JobPayload = pickle.loads(payload)
-        os.environ.update(job.env)  # this process is the job's alone
         job_return = run_job(
             hydra_context=self.hydra_context,
             task_function=self.task_function,
-            config=job.sweep_config,
+            config=pickle.loads(payload),
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )

@@ -1,77 +1,67 @@
-"""Translate Hydra's launcher calls into slot-pool calls, and pool results into JobReturns.
+"""Translate Hydra's launcher calls into executor calls, and finished jobs into JobReturns.
 
-launch(overrides...) ──► compose each job's config here (SweepComposer, job num/id)
+launch(overrides...) ──► compose each job's config here (SweepComposer, job num/id): a JobRecord
                     ──► recorder: fingerprint, one MLflow lookup per chunk ──► skip / resume / run
-                    ──► SlotPool.submit(payload = config + job env) ──► forked job: run_job
-                    ◄── JobResult ──► JobReturn (COMPLETED / FAILED with a typed error)
+                    ──► executor.submit(record: payload = config, env = run + dirs + trial)
+                    ◄── record, state final ──► JobReturn (COMPLETED / FAILED with a typed error)
                     ──► recorder: run's final status, return value, artifacts, run data
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-import pickle
 import signal
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import cloudpickle
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log
-from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from furcate_hydra.errors import (
-    FurcateConfigError,
-    JobCrashedError,
-    name_list,
-    positive_seconds,
-)
-from furcate_hydra.execution.local_pool import JobResult, JobSpec, JobState, PoolOptions, SlotPool
-from furcate_hydra.execution.slots import SlotOptions, plan_slots
+from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
+from furcate_hydra.execution import interrupts
+from furcate_hydra.execution.executor import Executor
+from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.local_pool import LocalPool
+from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.compose import SweepComposer
 from furcate_hydra.hydra_layer.job_context import (
     HydraJobContext,
     JobOutcome,
-    JobPayload,
     RemoteTraceback,
+    job_payload,
 )
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
-from furcate_hydra.hydra_layer.recording import (
-    ComposedJob,
-    JobRecorder,
-    PreparedJob,
-    StoreOptions,
-)
+from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
+from furcate_hydra.hydra_layer.options import as_option_error
+from furcate_hydra.hydra_layer.recording import JobRecorder
+from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
+from furcate_hydra.layout import JobPaths
+from furcate_hydra.store import code_version
 
 log = logging.getLogger(__name__)
 
-# Configs composed and looked up in the store together, after the first slot-filling chunk.
-LOOKUP_CHUNK = 64
-
-__all__ = ["LaunchSession", "LauncherOptionError", "launch", "pool_options", "streaming"]
-
-
-class LauncherOptionError(FurcateConfigError, CompactHydraException):
-    """A bad ``hydra.launcher`` option; Hydra prints just the message, not a stack trace."""
+__all__ = ["LaunchSession", "launch", "streaming", "task_overrides"]
 
 
 class LaunchSession:
-    """A slot pool plus the Hydra context: overrides become jobs, results become JobReturns.
+    """An executor plus the Hydra context: overrides become jobs, finished jobs JobReturns.
 
     Lives as long as its launcher, so a sweeper calling ``launch`` batch after batch (or using
-    ``submit``/``wait_any``) keeps one warm fork server.
+    ``submit_batch``/``wait_any``) keeps one warm pool. Holds a job's record from submission
+    until ``wait_any`` hands its JobReturn back, and nothing per job after that but the run
+    data row.
     """
 
     def __init__(
         self,
-        options: dict[str, Any],
+        options: LauncherOptions,
         hydra_context: HydraContext,
         task_function: TaskFunction,
         config: DictConfig,
@@ -79,158 +69,188 @@ class LaunchSession:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        # Validate and plan before anything runs, so bad options cost nothing.
+        # Plan and open the store before anything runs, so bad options or an unreachable
+        # store cost nothing.
         try:
-            self.plan = plan_slots(slot_options(options))
-            pool_opts = pool_options(options)
-            store_opts = StoreOptions.parse(options)
-            # Opens the tracking store now: an unreachable one fails before any job starts.
-            self.recorder = JobRecorder(store_opts, config)
+            plan = plan_slots(options.slots)
+            code = code_version(_module_file(task_function))
+            self.recorder = JobRecorder(options.store, config, code)
         except FurcateConfigError as exc:
-            raise LauncherOptionError(exc.key, exc.value, exc.problem, exc.fix) from None
-        log.info("furcate: %s", self.plan.describe())
+            raise as_option_error(exc) from None
+        log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
-        self.pool = SlotPool(self.plan, self._context, pool_opts)
-        self._configs: dict[str, DictConfig] = {}
-        self._ready: list[tuple[str, JobReturn]] = []
+        self.executor = start_executor(plan, self._context, options)
+        self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
+        self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
         self.composer = SweepComposer(hydra_context, config)
-        self.submitted = self.skipped = 0  # through submit/submit_batch, for the log
+        # over one streaming() block, for the log; stale: skipped, though other code finished it
+        self.submitted = self.skipped = self.skipped_stale = 0
         self._closed = False
+
+    @classmethod
+    def start(
+        cls,
+        options: LauncherOptions,
+        hydra_context: HydraContext,
+        task_function: TaskFunction,
+        config: DictConfig,
+    ) -> LaunchSession:
+        """A new session, its signal handlers installed before the fork server's warm-up, so
+        that a Ctrl-C during it is never lost; one during it ends the app with one line."""
+        interrupts.install()
+        try:
+            return cls(options, hydra_context, task_function, config)
+        except KeyboardInterrupt:
+            interrupts.restore()
+            log.warning("furcate: interrupted while starting; no job ran")
+            raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
+        except BaseException:
+            interrupts.restore()
+            raise
 
     def refresh_context(self) -> None:
         """Ship the singleton state to the fork server again if it changed (new resolvers)."""
         context = self._context_blob()
         if context != self._context:
             self._context = context
-            self.pool.set_context(context)
+            self.executor.set_context(context)
 
-    def submit(self, overrides: Sequence[str], job_num: int) -> str:
-        return self.submit_batch([(overrides, job_num)])[0]
-
-    def submit_batch(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[str]:
-        """Compose, look up (one store query for the batch) and queue jobs; returns their keys.
+    def submit_batch(self, requests: Sequence[JobRequest]) -> list[JobRecord]:
+        """Compose, look up (one store query for the batch) and queue jobs.
 
         Jobs already recorded as FINISHED are not run: their JobReturns, carrying the recorded
         return value, come out of the next ``wait_any``.
         """
-        prepared = self.queue(jobs)
-        # Summed over a whole stream: a sweeper submitting one job per freed slot would
-        # otherwise log a line per job.
-        self.submitted += len(prepared)
-        self.skipped += sum(1 for item in prepared if item.skipped is not None)
-        return [item.job.key for item in prepared]
-
-    def queue(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[PreparedJob]:
-        composed = [self._compose(overrides, job_num) for overrides, job_num in jobs]
-        prepared = self.recorder.prepare(composed)
-        for item in prepared:
-            # Each job is handed to the pool as soon as its run exists, not after the batch.
-            self.recorder.open(item)
-            job = item.job
-            if item.skipped is not None:
-                log.info("\t#%d : %s (skipped: run %s)", job.job_num, job.label, item.run_id)
-                self._ready.append((job.key, item.skipped))
+        jobs = [self._compose(request) for request in requests]
+        decisions = self.recorder.prepare(jobs)
+        for job, decision in zip(jobs, decisions, strict=True):
+            interrupts.check()  # composing a batch can take a while: a lost Ctrl-C stops it
+            # Each job is handed to the executor as soon as its run exists, not after the batch.
+            skipped = self.recorder.open(job, decision)
+            self.submitted += 1
+            if skipped is not None:
+                self.skipped += 1
+                self.skipped_stale += decision.other_code
+                log.info("\t#%d : %s (skipped: run %s)", job.num, job.label, job.run_id)
+                self._ready.append((job.key, skipped))
                 continue
-            log.info("\t#%d : %s", job.job_num, job.label)
-            self._configs[job.key] = job.sweep_config
-            payload = pickle.dumps(JobPayload(job.sweep_config, item.env))
-            self.pool.submit(JobSpec(job.key, payload, job.output_dir, job.label))
-        return prepared
+            log.info("\t#%d : %s", job.num, job.label)
+            job.payload = job_payload(job.config)
+            try:
+                self.executor.submit(job)
+            except ExecutorBrokenError as exc:
+                # Its run is open: record it failed, with why, before the error goes on.
+                job.state, job.error = JobState.LOST, str(exc)
+                self._finish(job)
+                raise
+            self._jobs[job.key] = job
+        return jobs
 
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
         if self._ready:
             ready, self._ready = self._ready, []
-            return ready + [(r.spec.key, self._finish(r)) for r in self.pool.wait_any(0)]
-        returns = [(r.spec.key, self._finish(r)) for r in self.pool.wait_any(timeout)]
+            return ready + [(j.key, self._finish(j)) for j in self.executor.wait_any(0)]
+        returns = [(j.key, self._finish(j)) for j in self.executor.wait_any(timeout)]
         self.recorder.flush(force=False)
         return returns
 
     @property
-    def pending(self) -> int:
-        return self.pool.pending + len(self._ready)
+    def idle_slots(self) -> int:
+        return self.executor.idle_slots
 
-    def close(self, interrupted: bool = False) -> None:
-        """Stop the pool; record jobs still running as KILLED and the sweep's final state."""
+    def close(self, interrupted: bool = False) -> int:
+        """Stop the executor; record jobs still running as KILLED and the sweep's final state.
+        Returns how many jobs were stopped."""
         if self._closed:
-            return
+            return 0
         self._closed = True
-        self.pool.close()
-        self.recorder.close(interrupted)
+        self.executor.close()
+        stopped = len(self._jobs)
+        self.recorder.close(interrupted, self._jobs.values())
+        self._jobs.clear()
+        interrupts.restore()
+        return stopped
 
-    def _compose(self, overrides: Sequence[str], job_num: int) -> ComposedJob:
-        sweep_config = self.composer.compose(overrides)
+    def _compose(self, request: JobRequest) -> JobRecord:
+        num = request.num
+        sweep_config = self.composer.compose(request.overrides)
         with open_dict(sweep_config):
-            sweep_config.hydra.job.id = job_num
-            sweep_config.hydra.job.num = job_num
-        label = " ".join(task_overrides(overrides))
+            sweep_config.hydra.job.id = num
+            sweep_config.hydra.job.num = num
         with as_job(sweep_config):
-            output_dir = _output_dir(sweep_config)
+            paths = JobPaths.of(_output_dir(sweep_config))
             task = task_container(sweep_config)
-        return ComposedJob(
-            str(job_num), job_num, list(overrides), label, sweep_config, output_dir, task
+        return JobRecord(
+            key=str(num),
+            num=num,
+            overrides=tuple(request.overrides),
+            label=" ".join(task_overrides(request.overrides)),
+            paths=paths,
+            env=dict(request.env),
+            config=sweep_config,
+            task_config=task,
         )
 
-    def _finish(self, result: JobResult) -> JobReturn:
-        job_return = self._to_job_return(result)
-        self.recorder.record(result.spec.key, result, job_return)
+    def _finish(self, job: JobRecord) -> JobReturn:
+        self._jobs.pop(job.key, None)
+        job_return = self._to_job_return(job)
+        self.recorder.record(job, job_return)
         return job_return
 
     def _context_blob(self) -> bytes:
         context = HydraJobContext(self.task_function, self.hydra_context, Singleton.get_state())
         return bytes(cloudpickle.dumps(context))
 
-    def _to_job_return(self, result: JobResult) -> JobReturn:
-        sweep_config = self._configs.pop(result.spec.key)
-        if result.state is JobState.COMPLETED and isinstance(result.value, JobOutcome):
-            job_return = result.value.job_return
-            if result.value.traceback is not None:
+    @staticmethod
+    def _to_job_return(job: JobRecord) -> JobReturn:
+        if job.state is JobState.COMPLETED and isinstance(job.value, JobOutcome):
+            job_return = job.value.job_return
+            if job.value.traceback is not None:
                 error = job_return._return_value
-                logs = f"\nSee the job's logs: {result.stdout_path} and {result.stderr_path}"
-                error.__cause__ = RemoteTraceback(result.value.traceback + logs)
+                logs = f"\n{job.paths.see_logs()}"
+                error.__cause__ = RemoteTraceback(job.value.traceback + logs)
             return job_return
-        error = JobCrashedError(
-            f"Job #{result.spec.key} ({result.spec.label or 'no overrides'}) {result.state.value}: "
-            f"{result.error}"
-        )
-        return synthetic_job_return(sweep_config, result.spec.log_dir, JobStatus.FAILED, error)
+        error = JobCrashedError(f"Job {job.name} {job.state.value}: {job.error}")
+        return synthetic_job_return(job.config, job.paths.output_dir, JobStatus.FAILED, error)
+
+
+def start_executor(plan: SlotPlan, context: bytes, options: LauncherOptions) -> Executor:
+    """The executor that runs the session's jobs: the one place a backend is chosen."""
+    return LocalPool(plan, context, options.pool)
 
 
 def launch(
     session: LaunchSession, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> list[JobReturn]:
     """Hydra's ``Launcher.launch``: submit every job, return JobReturns in input order."""
-    numbered = [(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
+    requests = [JobRequest(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
     with streaming(session):
-        log.info("Launching %d jobs on %d slots", len(job_overrides), len(session.plan.slots))
-        prepared: list[PreparedJob] = []
+        slots = session.executor.slot_count
+        log.info("Launching %d jobs on %d slots", len(requests), slots)
+        keys: list[str] = []
         returns: dict[str, JobReturn] = {}
         # The first chunk fills the idle slots at once; later ones are composed and looked
         # up while those jobs run.
-        chunk = max(session.pool.idle_slots, 1)
-        while numbered:
-            prepared += session.queue(numbered[:chunk])
-            numbered = numbered[chunk:]
+        chunk = max(session.idle_slots, 1)
+        while requests:
+            keys += [job.key for job in session.submit_batch(requests[:chunk])]
+            requests = requests[chunk:]
             chunk = LOOKUP_CHUNK
             returns.update(session.wait_any(timeout=0))
-        if summary := session.recorder.summary(prepared):
-            log.info("furcate: %s", summary)
-        while len(returns) < len(prepared):
+        while len(returns) < len(keys):
             returns.update(session.wait_any())
-    return [returns[item.job.key] for item in prepared]
+    return [returns[key] for key in keys]
 
 
 @contextmanager
 def streaming(session: LaunchSession) -> Iterator[None]:
-    """Around a run of submits and waits: Hydra's logging and sweep dir set up first; on Ctrl-C
-    or SIGTERM every job's process group is stopped before the launcher goes; the sweep's run
-    data is written when it ends."""
+    """Hydra's logging and the sweep dir set up before the first job; on Ctrl-C or SIGTERM
+    every job's process group is stopped before the launcher goes; the sweep's run data is
+    written when it ends."""
     configure_log(session.config.hydra.hydra_logging, session.config.hydra.verbose)
     Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     session.refresh_context()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    session.submitted = session.skipped = 0
+    session.submitted = session.skipped = session.skipped_stale = 0
     try:
         yield
         session.recorder.flush()
@@ -240,66 +260,55 @@ def streaming(session: LaunchSession) -> Iterator[None]:
                 session.skipped,
                 session.submitted,
             )
+        if session.skipped_stale:
+            code = session.recorder.code
+            log.warning(
+                "furcate: %d of the %d skipped configs were finished by other code than this "
+                "sweep's (%s); set hydra.launcher.code_change=rerun to run them again",
+                session.skipped_stale,
+                session.skipped,
+                code.key if code is not None else "unknown",
+            )
+    except ExecutorBrokenError:
+        session.close()  # the sweep failed; it was not interrupted
+        raise
+    except KeyboardInterrupt:
+        signum = interrupts.received() or signal.SIGINT
+        stopped = session.close(interrupted=True)
+        log.warning(
+            "furcate: interrupted (%s): %d job%s stopped and recorded as KILLED, the sweep's "
+            "records written to %s; run the same command to resume",
+            signal.Signals(signum).name,
+            stopped,
+            "" if stopped == 1 else "s",
+            session.recorder.sweep.sweep_dir,
+        )
+        # No traceback: the shell's convention for a process ended by a signal
+        raise SystemExit(128 + signum) from None
     except BaseException:
         session.close(interrupted=True)
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def task_overrides(overrides: Sequence[str]) -> list[str]:
     """The overrides of the task's config: Hydra's ``filter_overrides`` misses ``+hydra.*`` and
-    ``++hydra.*`` (the Optuna sweeper passes each trial's environment that way)."""
+    ``++hydra.*`` (how a sweeper passes a job its environment through any launcher)."""
     return [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
 
 
-def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")
+def _module_file(task_function: TaskFunction) -> Path | None:
+    """The file of the task's module: what its code version is taken from."""
+    function = inspect.unwrap(task_function)
+    try:
+        source = inspect.getsourcefile(function)
+    except TypeError:  # a builtin or a callable object without a file
+        source = None
+    return Path(source) if source else None
 
 
-def slot_options(options: dict[str, Any]) -> SlotOptions:
-    gpus = options.get("gpus")
-    if isinstance(gpus, ListConfig | tuple):
-        gpus = list(gpus)  # the slot planner validates the entries and says what is wrong
-    return SlotOptions(
-        gpus=gpus,
-        jobs_per_gpu=options.get("jobs_per_gpu"),
-        gpu_mem_per_job_gb=options.get("gpu_mem_per_job_gb"),
-        max_jobs_per_gpu=options.get("max_jobs_per_gpu", 8),
-        max_workers=options.get("max_workers"),
-        cpus_per_job=options.get("cpus_per_job"),
-        allow_cpu=options.get("allow_cpu", True),
-    )
-
-
-def pool_options(options: dict[str, Any]) -> PoolOptions:
-    max_retries = options.get("max_retries", 0)
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise FurcateConfigError(
-            "hydra.launcher.max_retries",
-            max_retries,
-            "must be a whole number of retries, 0 or more",
-            "set hydra.launcher.max_retries=0 (no retries) or a positive count such as 2",
-        )
-    grace = positive_seconds("hydra.launcher.stop_grace_s", options.get("stop_grace_s", 5.0), 5)
-    preload = name_list(
-        "hydra.launcher.preload",
-        options.get("preload"),
-        "module names",
-        "hydra.launcher.preload=[torch,pytorch_lightning] (or [] to preload nothing)",
-    )
-    return PoolOptions(
-        max_retries=max_retries,
-        preload=preload,
-        echo_output=bool(options.get("echo_output", True)),
-        stop_grace_s=grace,
-    )
-
-
-def _output_dir(sweep_config: DictConfig) -> Path:
+def _output_dir(sweep_config: DictConfig) -> str:
     # The same rule run_job applies in the job (call inside as_job), evaluated here so the
-    # pool knows where the job's logs go even if the job dies before Hydra creates its dir.
+    # executor knows where the job's logs go even if the job dies before Hydra creates its dir.
     sweep_dir = str(OmegaConf.select(sweep_config, "hydra.sweep.dir"))
     subdir = str(OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
-    return Path(os.path.abspath(os.path.join(sweep_dir, subdir)))
+    return os.path.join(sweep_dir, subdir)

@@ -1,11 +1,11 @@
 """Every job an MLflow run: decide skip/resume/run per batch, record outcomes, write run data.
 
-prepare(jobs) ──► fingerprints ──► one store lookup ──► per job:
-                    FINISHED before   → JobReturn from the record, not run
-                    interrupted/KILLED → same run again, resumes from its checkpoint dir
-                    otherwise          → new RUNNING run (tags, params)
-record(job, result, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artifacts,
-                                   run_data.json; a row for run_data.csv
+prepare(jobs) ──► fingerprints ──► one store lookup ──► a Decision per job
+open(job, decision) ──► FINISHED before    → JobReturn from the record, not run
+                        interrupted/KILLED → same run again, resumes from its checkpoint dir
+                        otherwise          → new RUNNING run (tags, params)
+record(job, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artifacts,
+                           run_data.json; a row for run_data.csv
 """
 
 from __future__ import annotations
@@ -13,22 +13,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra import env_vars
-from furcate_hydra.errors import name_list, positive_seconds
-from furcate_hydra.execution.local_pool import JobResult, JobState
+from furcate_hydra.atomic import atomic_write_bytes
+from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.hydra_layer.command_line import given_overrides
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
+from furcate_hydra.hydra_layer.launcher_options import StoreOptions
+from furcate_hydra.hydra_layer.streaming import JobRun
+from furcate_hydra.layout import JobPaths, SweepPaths
 from furcate_hydra.store import (
     Action,
+    CodeCheck,
+    CodeVersion,
     Decision,
-    Rerun,
     RunStatus,
     RunStore,
     Tags,
@@ -37,84 +41,31 @@ from furcate_hydra.store import (
 )
 from furcate_hydra.store.fingerprint import fingerprint
 from furcate_hydra.store.run_data import (
-    RUN_DATA_CSV,
-    RUN_DATA_JSON,
     JobRow,
+    update_run_data_metrics,
     write_run_data_csv,
     write_run_data_json,
 )
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ComposedJob", "JobRecorder", "PreparedJob", "StoreOptions"]
+__all__ = ["JobRecorder"]
 
-CHECKPOINTS = "checkpoints"
 # run_data.csv is rewritten at most this often while jobs stream in, and at every batch's end.
 _CSV_EVERY_S = 10.0
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    enabled: bool
-    tracking_uri: str | None
-    experiment_name: str | None
-    heartbeat_s: float
-    stale_after_s: float
-    sqlite_wal: bool
-    rerun: Rerun
-    fingerprint_ignore: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> StoreOptions:
-        mlflow = dict(options.get("mlflow") or {})
-        ignore = name_list(
-            "hydra.launcher.fingerprint_ignore",
-            options.get("fingerprint_ignore"),
-            "dotted config keys",
-            "hydra.launcher.fingerprint_ignore=[data_dir,num_workers]",
-        )
-        return cls(
-            enabled=bool(mlflow.get("enabled", True)),
-            tracking_uri=mlflow.get("tracking_uri") or None,
-            experiment_name=mlflow.get("experiment_name") or None,
-            heartbeat_s=_positive(mlflow, "heartbeat_s", 10.0),
-            stale_after_s=_positive(mlflow, "stale_after_s", 60.0),
-            sqlite_wal=bool(mlflow.get("sqlite_wal", True)),
-            rerun=Rerun.parse(options.get("rerun", "failed")),
-            fingerprint_ignore=ignore,
-        )
-
-
-@dataclass
-class ComposedJob:
-    key: str
-    job_num: int
-    overrides: list[str]
-    label: str
-    sweep_config: DictConfig
-    output_dir: Path
-    task_config: dict[str, Any]  # resolved, as plain values (see _task_config)
-
-
-@dataclass
-class PreparedJob:
-    job: ComposedJob
-    fingerprint: str
-    decision: Decision
-    env: dict[str, str] = field(default_factory=dict)
-    run_id: str | None = None
-    resumed: bool = False
-    skipped: JobReturn | None = None  # set when the job is not run
-    started: float = field(default_factory=time.time)
 
 
 class JobRecorder:
     """The launcher's side of the store; without MLflow it still fingerprints and writes files."""
 
-    def __init__(self, options: StoreOptions, launcher_config: DictConfig) -> None:
+    def __init__(
+        self, options: StoreOptions, launcher_config: DictConfig, code: CodeVersion | None
+    ) -> None:
         self.options = options
-        self.sweep_dir = Path(os.path.abspath(str(launcher_config.hydra.sweep.dir)))
-        self._invocation = " ".join(launcher_config.hydra.overrides.task)
+        self.code = code
+        self._code_check = CodeCheck(code.key if code else None, options.code_change)
+        self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
+        self._invocation = " ".join(given_overrides(launcher_config, "task"))
         self.store: RunStore | None = None
         if options.enabled:
             tracking = resolve_tracking_uri(options.tracking_uri)
@@ -129,121 +80,137 @@ class JobRecorder:
             log.info("furcate: recording runs in %s (experiment %r)", tracking.uri, experiment)
         self._rows: dict[str, JobRow] = {}
         self._metrics_pending: set[str] = set()
-        self._in_flight: dict[str, PreparedJob] = {}
         self._csv_written = 0.0
 
     # -- before jobs run ----------------------------------------------------------------
 
-    def prepare(self, jobs: Sequence[ComposedJob]) -> list[PreparedJob]:
+    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision]:
         """Fingerprint a batch and decide each job with one store lookup for all of them."""
-        fingerprints = [
-            fingerprint(job.task_config, self.options.fingerprint_ignore) for job in jobs
-        ]
+        for job in jobs:
+            job.fingerprint = fingerprint(job.task_config, self.options.fingerprint_ignore)
         decisions: dict[str, Decision] = {}
         if self.store is not None:
             self._ensure_sweep_run()
-            decisions = self.store.decide(set(fingerprints), self.options.rerun)
+            fingerprints = {str(j.fingerprint) for j in jobs}
+            decisions = self.store.decide(fingerprints, self.options.rerun, self._code_check)
         run = Decision(Action.RUN)
-        return [
-            PreparedJob(job, fp, decisions.get(fp, run))
-            for job, fp in zip(jobs, fingerprints, strict=True)
-        ]
+        return [decisions.get(str(job.fingerprint), run) for job in jobs]
 
-    def open(self, item: PreparedJob) -> None:
-        """Skip the job (``item.skipped`` set) or open its run: a new one or the interrupted one."""
-        job, decision = item.job, item.decision
+    def open(self, job: JobRecord, decision: Decision) -> JobReturn | None:
+        """The JobReturn of a job that does not run (its record says how it ended), or None
+        once the job's run is open (a new one, or the interrupted one) and its env is set."""
         record = decision.record
-        checkpoint_dir = job.output_dir / CHECKPOINTS
         if decision.action is Action.SKIP and record is not None and self.store is not None:
             value = self.store.recorded_return_value(record)
-            output_dir = Path(record.output_dir or job.output_dir)
-            item.skipped = synthetic_job_return(
-                job.sweep_config, output_dir, JobStatus.COMPLETED, value
-            )
-            item.run_id = record.run_id
-            self._add_row(item, RunStatus.FINISHED, value, None, skipped=True)
-            return
+            recorded = JobPaths.of(record.output_dir or job.paths.output_dir).output_dir
+            job.run_id, job.skipped = record.run_id, True
+            row = self._add_row(job, RunStatus.FINISHED, value, None)
+            job_return = synthetic_job_return(job.config, recorded, JobStatus.COMPLETED, value)
+            self._write_skipped_job_dir(job, row, job_return, recorded)
+            self._metrics_pending.add(record.run_id)
+            return job_return
         if decision.action is Action.REPORT_FAILURE and record is not None:
             error = RuntimeError(
-                f"Job #{job.job_num} ({job.label or 'no overrides'}) is {decision.reason} in "
-                f"MLflow run {record.run_id} and hydra.launcher.rerun=none; set "
-                "hydra.launcher.rerun=failed to run it again"
+                f"Job {job.name} is {decision.reason} in MLflow run {record.run_id} and "
+                "hydra.launcher.rerun=none; set hydra.launcher.rerun=failed to run it again"
             )
-            item.skipped = synthetic_job_return(
-                job.sweep_config, job.output_dir, JobStatus.FAILED, error
+            job.run_id, job.skipped = record.run_id, True
+            row = self._add_row(job, record.status, None, str(error))
+            job_return = synthetic_job_return(
+                job.config, job.paths.output_dir, JobStatus.FAILED, error
             )
-            item.run_id = record.run_id
-            self._add_row(item, record.status, None, str(error), skipped=True)
-            return
+            ran_in = Path(record.output_dir) if record.output_dir else None
+            self._write_skipped_job_dir(job, row, job_return, ran_in)
+            return job_return
         if self.store is not None:
             resumed = record if decision.action is Action.RESUME else None
             if resumed is not None and resumed.checkpoint_dir:
-                checkpoint_dir = Path(resumed.checkpoint_dir)  # the run keeps its checkpoints
-            tags = {**self._job_tags(item), Tags.CHECKPOINT_DIR: str(checkpoint_dir)}
+                # the run keeps its checkpoints where its first attempt wrote them; the new job
+                # dir points there, so its checkpoints are found beside its other outputs
+                job.paths = JobPaths.of(job.paths.output_dir, resumed.checkpoint_dir)
+                _link_checkpoints(job.paths)
+            tags = {**self._job_tags(job), Tags.CHECKPOINT_DIR: str(job.paths.checkpoint_dir)}
             if resumed is not None:
-                item.run_id = self.store.reopen_job_run(resumed, tags)
-                item.resumed = True
-                log.info(
-                    "\t#%d resumes MLflow run %s (%s)", job.job_num, resumed.run_id, decision.reason
-                )
+                job.run_id = self.store.reopen_job_run(resumed, tags)
+                job.resumed = True
+                log.info("\t#%d resumes MLflow run %s (%s)", job.num, job.run_id, decision.reason)
             else:
                 name = (job.label or "defaults")[:240]
-                params = flatten_params(job.task_config)
-                item.run_id = self.store.create_job_run(name, tags, params)
-            item.env.update(
+                job.run_id = self.store.create_job_run(name, tags, flatten_params(job.task_config))
+            job.env.update(
                 {
                     env_vars.TRACKING_URI: self.store.tracking_uri,
-                    env_vars.RUN_ID: item.run_id,
+                    env_vars.RUN_ID: job.run_id,
                     env_vars.EXPERIMENT_ID: self.store.experiment_id,
                 }
             )
-        item.env[env_vars.OUTPUT_DIR] = str(job.output_dir)
-        item.env[env_vars.CHECKPOINT_DIR] = str(checkpoint_dir)
-        self._in_flight[job.key] = item
+        job.env[env_vars.OUTPUT_DIR] = str(job.paths.output_dir)
+        job.env[env_vars.CHECKPOINT_DIR] = str(job.paths.checkpoint_dir)
+        return None
 
-    def _job_tags(self, item: PreparedJob) -> dict[str, str]:
+    def _write_skipped_job_dir(
+        self, job: JobRecord, row: JobRow, job_return: JobReturn, recorded: Path | None
+    ) -> None:
+        """A job that did not run still gets its dir: Hydra's ``.hydra/`` files, as run_job
+        writes them, and a ``run_data.json`` that names the run it was taken from."""
+        output_dir = job.paths.output_dir
+        subdir = job.config.hydra.output_subdir
+        if subdir is not None:
+            hydra_dir = output_dir / str(subdir)
+            hydra_dir.mkdir(parents=True, exist_ok=True)
+            for name, node in (
+                ("config.yaml", job_return.cfg),
+                ("hydra.yaml", job_return.hydra_cfg),
+                ("overrides.yaml", job.config.hydra.overrides.task),
+            ):
+                text = OmegaConf.to_yaml(node).encode()
+                atomic_write_bytes(hydra_dir / name, text, durable=False)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        details = {"recorded_output_dir": None if recorded is None else str(recorded)}
+        write_run_data_json(job.paths.run_data, row, job.task_config, details)
+
+    def _job_tags(self, job: JobRecord) -> dict[str, str]:
         return {
-            Tags.FINGERPRINT: item.fingerprint,
-            Tags.OVERRIDES: " ".join(item.job.overrides),
-            Tags.JOB_NUM: str(item.job.job_num),
-            Tags.OUTPUT_DIR: str(item.job.output_dir),
+            Tags.FINGERPRINT: str(job.fingerprint),
+            Tags.OVERRIDES: " ".join(job.overrides),
+            Tags.JOB_NUM: str(job.num),
+            Tags.OUTPUT_DIR: str(job.paths.output_dir),
+            **(self.code.tags() if self.code is not None else {}),
         }
 
     def _ensure_sweep_run(self) -> None:
         assert self.store is not None
         if self.store.sweep_run_id is None:
-            name = f"sweep {self.sweep_dir.parent.name}/{self.sweep_dir.name}"
+            sweep_dir = self.sweep.sweep_dir
+            name = f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"
             self.store.start_sweep(
-                name, {Tags.SWEEP_DIR: str(self.sweep_dir), Tags.OVERRIDES: self._invocation}
+                name, {Tags.SWEEP_DIR: str(sweep_dir), Tags.OVERRIDES: self._invocation}
             )
 
     # -- after a job ends ---------------------------------------------------------------
 
-    def record(self, key: str, result: JobResult, job_return: JobReturn) -> None:
-        item = self._in_flight.pop(key, None)
-        if item is None:
-            return
-        status, value, error = _outcome(result, job_return)
-        row = self._add_row(item, status, value, error, skipped=False, result=result)
-        output_dir = item.job.output_dir
-        write_run_data_json(output_dir / RUN_DATA_JSON, row, item.job.task_config, _details(result))
-        if self.store is not None and item.run_id is not None:
-            artifacts = [result.stdout_path, result.stderr_path, output_dir / RUN_DATA_JSON]
+    def record(self, job: JobRecord, job_return: JobReturn) -> None:
+        """The outcome of a job that ran: its run, run_data.json and its run_data.csv row."""
+        status, value, error = _outcome(job, job_return)
+        row = self._add_row(job, status, value, error)
+        job.paths.output_dir.mkdir(parents=True, exist_ok=True)  # a job that never started
+        write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
+        if self.store is not None and job.run_id is not None:
+            artifacts = [job.paths.stdout, job.paths.stderr, job.paths.run_data]
             self.store.finish_job_run(
-                item.run_id,
+                job.run_id,
                 status,
                 return_value=value,
                 error=error,
                 artifacts=artifacts,
-                end_time=result.ended_at,
+                end_time=job.ended_at,
             )
-            self._metrics_pending.add(item.run_id)
+            self._metrics_pending.add(job.run_id)
 
-    def job_run(self, key: str) -> tuple[str | None, bool]:
-        """A submitted job's MLflow run (None when not recording) and whether the job was
-        skipped, its return read from that recorded run."""
+    def job_run(self, key: str) -> JobRun:
+        """A submitted job's MLflow run (None when not recording), and whether it was skipped."""
         row = self._rows.get(key)
-        return (row.run_id, row.skipped) if row is not None else (None, False)
+        return JobRun(row.run_id, row.skipped) if row is not None else JobRun(None)
 
     @property
     def tracking_uri(self) -> str | None:
@@ -254,12 +221,6 @@ class JobRecorder:
         """The sweep's parent run, once the first job was submitted (None when not recording)."""
         return self.store.sweep_run_id if self.store is not None else None
 
-    def summary(self, prepared: Sequence[PreparedJob]) -> str | None:
-        skipped = sum(1 for p in prepared if p.skipped is not None)
-        if not skipped:
-            return None
-        return f"skipped {skipped} of {len(prepared)} configs already recorded in MLflow"
-
     def flush(self, force: bool = True) -> None:
         """Rewrite run_data.csv (and log it to the sweep's run)."""
         if not self._rows or (not force and time.time() - self._csv_written < _CSV_EVERY_S):
@@ -267,25 +228,26 @@ class JobRecorder:
         if self.store is not None and self._metrics_pending:
             metrics = self.store.latest_metrics(self._metrics_pending)
             for row in self._rows.values():
-                if row.run_id in metrics:
+                if row.run_id in metrics and row.run_id in self._metrics_pending:
                     row.metrics = metrics[row.run_id]
+                    update_run_data_metrics(Path(row.output_dir) / JobPaths.RUN_DATA, row.metrics)
             self._metrics_pending.clear()
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        path = self.sweep_dir / RUN_DATA_CSV
+        path = self.sweep.run_data_csv
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_run_data_csv(path, list(self._rows.values()))
         self._csv_written = time.time()
         if self.store is not None and force:
             self.store.log_sweep_artifact(path)
 
-    def close(self, interrupted: bool) -> None:
-        """Runs still in flight are KILLED (resumable); the sweep run gets its final state."""
-        if self.store is not None:
-            for item in self._in_flight.values():
-                if item.run_id is not None:
-                    self.store.finish_job_run(
-                        item.run_id, RunStatus.KILLED, error="launcher stopped"
-                    )
-        self._in_flight.clear()
+    def close(self, interrupted: bool, in_flight: Iterable[JobRecord]) -> None:
+        """Runs of jobs still in flight are KILLED (resumable); the sweep run gets its state."""
+        for job in in_flight:
+            # a row and run_data.json for each, so the sweep's record lists what was stopped
+            row = self._add_row(job, RunStatus.KILLED, None, "launcher stopped")
+            job.paths.output_dir.mkdir(parents=True, exist_ok=True)
+            write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
+            if self.store is not None and job.run_id is not None:
+                self.store.finish_job_run(job.run_id, RunStatus.KILLED, error="launcher stopped")
         self.flush()  # run_data.csv is the sweep's record with or without a store
         if self.store is None:
             return
@@ -296,37 +258,28 @@ class JobRecorder:
         self.store.finish_sweep(status)
         self.store.close()
 
-    def _add_row(
-        self,
-        item: PreparedJob,
-        status: RunStatus,
-        value: Any,
-        error: str | None,
-        *,
-        skipped: bool,
-        result: JobResult | None = None,
-    ) -> JobRow:
+    def _add_row(self, job: JobRecord, status: RunStatus, value: Any, error: str | None) -> JobRow:
         row = JobRow(
-            job_num=item.job.job_num,
-            overrides=item.job.overrides,
+            job_num=job.num,
+            overrides=list(job.overrides),
             status=status.value,
-            skipped=skipped,
-            run_id=item.run_id,
-            fingerprint=item.fingerprint,
-            output_dir=str(item.job.output_dir),
+            skipped=job.skipped,
+            run_id=job.run_id,
+            fingerprint=str(job.fingerprint),
+            output_dir=str(job.paths.output_dir),
             return_value=value,
             error=error,
-            start=result.started_at if result else None,
-            end=result.ended_at if result else None,
-            resumed=item.resumed,
+            start=None if job.skipped else job.started_at,
+            end=None if job.skipped else job.ended_at,
+            resumed=job.resumed,
         )
-        self._rows[item.job.key] = row
+        self._rows[job.key] = row
         return row
 
 
-def _outcome(result: JobResult, job_return: JobReturn) -> tuple[RunStatus, Any, str | None]:
-    if result.state is JobState.CANCELLED:
-        return RunStatus.KILLED, None, result.error
+def _outcome(job: JobRecord, job_return: JobReturn) -> tuple[RunStatus, Any, str | None]:
+    if job.state is JobState.CANCELLED:
+        return RunStatus.KILLED, None, job.error
     if job_return.status is JobStatus.COMPLETED:
         return RunStatus.FINISHED, job_return._return_value, None
     error = job_return._return_value
@@ -334,20 +287,28 @@ def _outcome(result: JobResult, job_return: JobReturn) -> tuple[RunStatus, Any, 
     return RunStatus.FAILED, None, text
 
 
-def _details(result: JobResult) -> dict[str, Any]:
-    slot = result.slot
+def _details(job: JobRecord) -> dict[str, Any]:
+    slot = job.slot
     return {
-        "submitted_at": result.submitted_at,
-        "queued_s": None if result.started_at is None else result.started_at - result.submitted_at,
-        "pid": result.pid,
-        "attempts": result.attempts,
+        "submitted_at": job.submitted_at,
+        "queued_s": job.queued_s,
+        "pid": job.pid,
+        "attempts": job.attempts,
         "slot": None
         if slot is None
         else {"index": slot.index, "device": slot.device, "cpus": slot.cpus},
-        "stdout": str(result.stdout_path),
-        "stderr": str(result.stderr_path),
+        "stdout": str(job.paths.stdout),
+        "stderr": str(job.paths.stderr),
     }
 
 
-def _positive(options: Mapping[str, Any], key: str, default: float) -> float:
-    return positive_seconds(f"hydra.launcher.mlflow.{key}", options.get(key, default), default)
+def _link_checkpoints(paths: JobPaths) -> None:
+    """``<job dir>/checkpoints`` → the run's checkpoint dir, unless the job dir has its own."""
+    link = paths.output_dir / JobPaths.CHECKPOINTS
+    if link == paths.checkpoint_dir or os.path.lexists(link):
+        return
+    paths.output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(paths.checkpoint_dir, target_is_directory=True)
+    except OSError as exc:  # a file system without links: the run's tag still says where
+        log.warning("furcate: could not link %s to %s: %s", link, paths.checkpoint_dir, exc)

@@ -5,7 +5,8 @@ Imports no Hydra; MLflow itself is imported only when a store is opened.
 
 from __future__ import annotations
 
-from furcate_hydra.store.decisions import Action, Decision, Rerun, decide
+from furcate_hydra.store.code_version import CodeChange, CodeVersion, code_version
+from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.params import flatten_params
 from furcate_hydra.store.records import RunRecord, RunStatus, Tags
@@ -14,6 +15,9 @@ from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, re
 
 __all__ = [
     "Action",
+    "CodeChange",
+    "CodeCheck",
+    "CodeVersion",
     "Decision",
     "LauncherIdentity",
     "Rerun",
@@ -23,6 +27,7 @@ __all__ = [
     "Tags",
     "TrackingUri",
     "check_tracking_uri",
+    "code_version",
     "decide",
     "flatten_params",
     "launcher_gone",

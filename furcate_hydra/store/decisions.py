@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.store.records import RunRecord, RunStatus
+from furcate_hydra.store.code_version import CodeChange
+from furcate_hydra.store.records import RunRecord, RunStatus, Tags
 
-__all__ = ["Action", "Decision", "Rerun", "decide"]
+__all__ = ["Action", "CodeCheck", "Decision", "Rerun", "decide"]
 
 
 class Rerun(enum.Enum):
@@ -45,23 +46,49 @@ class Decision:
     action: Action
     record: RunRecord | None = None
     reason: str = ""
+    other_code: bool = False  # SKIP of a run that other code finished (code_change=warn)
+
+
+@dataclass(frozen=True)
+class CodeCheck:
+    """The code this sweep runs (its ``CodeVersion.key``; None: unknown) and what a FINISHED
+    run recorded by other code means."""
+
+    key: str | None
+    change: CodeChange
+
+    def same(self, record: RunRecord) -> bool:
+        # a run without a version (recorded before versions were) counts as other code
+        return self.key is None or record.tags.get(Tags.CODE_VERSION) == self.key
 
 
 def decide(
-    records: Sequence[RunRecord], rerun: Rerun, gone: Callable[[RunRecord], str | None]
+    records: Sequence[RunRecord],
+    rerun: Rerun,
+    gone: Callable[[RunRecord], str | None],
+    code: CodeCheck | None = None,
 ) -> Decision:
     """Decide from a config's runs (newest first).
 
     ``gone(record)`` says why a RUNNING run's launcher is gone (None if it may be alive).
     A RUNNING run whose launcher is gone was interrupted; it and a KILLED run continue in the
     same run from their last checkpoint. A FAILED run is not resumed: its checkpoint may be
-    what made it fail.
+    what made it fail. With ``code`` and ``code_change=rerun``, a run other code FINISHED does
+    not count: the config runs again, in a new run.
     """
+    code = code or CodeCheck(None, CodeChange.IGNORE)
+    stale: list[RunRecord] = []
+    if code.change is CodeChange.RERUN:
+        stale = [r for r in records if r.status is RunStatus.FINISHED and not code.same(r)]
+        records = [r for r in records if r not in stale]
     if rerun is Rerun.ALL or not records:
+        if stale:
+            return Decision(Action.RUN, stale[0], "finished by other code")
         return Decision(Action.RUN)
     for record in records:
         if record.status is RunStatus.FINISHED:
-            return Decision(Action.SKIP, record, "already finished")
+            other = code.change is CodeChange.WARN and not code.same(record)
+            return Decision(Action.SKIP, record, "already finished", other_code=other)
     for record in records:
         if record.status is RunStatus.RUNNING:
             why = gone(record)

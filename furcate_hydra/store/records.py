@@ -57,6 +57,7 @@ class Tags:
     ROLE = "furcate.role"
     HEARTBEAT = "furcate.heartbeat"
     SWEEP_DIR = "furcate.sweep_dir"
+    CODE_VERSION = "furcate.code_version"  # see store/code_version.py
     PARENT_RUN = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 

@@ -12,10 +12,7 @@ from typing import Any
 
 from furcate_hydra.atomic import atomic_write_bytes
 
-__all__ = ["JobRow", "write_run_data_csv", "write_run_data_json"]
-
-RUN_DATA_JSON = "run_data.json"
-RUN_DATA_CSV = "run_data.csv"
+__all__ = ["JobRow", "update_run_data_metrics", "write_run_data_csv", "write_run_data_json"]
 
 
 @dataclass
@@ -54,6 +51,17 @@ def write_run_data_json(
         "config": config,
         **details,
     }
+    atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"), durable=False)
+
+
+def update_run_data_metrics(path: Path, metrics: Mapping[str, float]) -> None:
+    """Put a run's final metrics into its job's ``run_data.json`` (read from the store after the
+    job ended); a file that is not there or not readable is left alone."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return
+    data["metrics"] = dict(metrics)
     atomic_write_bytes(path, json.dumps(data, indent=2, default=str).encode("utf-8"), durable=False)
 
 

@@ -22,7 +22,8 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from furcate_hydra.store.decisions import Decision, Rerun, decide
+from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
+from furcate_hydra.store.decisions import CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.lookup import find_runs
 from furcate_hydra.store.records import (
@@ -50,10 +51,13 @@ class RunStore:
         experiment_name: str,
         heartbeat_s: float,
         stale_after_s: float,
-        sqlite_wal: bool = True,
+        *,
+        sqlite_wal: bool,
     ) -> None:
         from mlflow.tracking import MlflowClient
 
+        # Before the first client: on a database URI it loads MLflow's SQL store, which warns.
+        ignore_mlflow_sqlalchemy_deprecation()
         check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
         self.client = MlflowClient(tracking.uri)
@@ -99,7 +103,9 @@ class RunStore:
 
     # -- deciding -----------------------------------------------------------------------
 
-    def decide(self, fingerprints: Collection[str], rerun: Rerun) -> dict[str, Decision]:
+    def decide(
+        self, fingerprints: Collection[str], rerun: Rerun, code: CodeCheck | None = None
+    ) -> dict[str, Decision]:
         """One lookup for the whole batch, then a decision per fingerprint."""
         found = find_runs(self.client, self.experiment_id, fingerprints)
         heartbeats = self._heartbeats(
@@ -114,7 +120,7 @@ class RunStore:
             beat = heartbeats.get(record.parent_run_id or "")
             return launcher_gone(record, self.identity, beat, now, self.stale_after_s)
 
-        return {fp: decide(found.get(fp, []), rerun, gone) for fp in fingerprints}
+        return {fp: decide(found.get(fp, []), rerun, gone, code) for fp in fingerprints}
 
     def recorded_return_value(self, record: RunRecord) -> Any:
         text = record.tags.get(Tags.RETURN_VALUE)

@@ -1,9 +1,9 @@
-"""The furcate launcher: Hydra's entry point; the work happens in ``_core``."""
+"""The furcate launcher: Hydra's entry point; the work happens in ``furcate_hydra.hydra_layer``."""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -14,26 +14,43 @@ from omegaconf import DictConfig
 
 if TYPE_CHECKING:
     from furcate_hydra.hydra_layer.launch_session import LaunchSession
+    from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
+    from furcate_hydra.hydra_layer.streaming import JobRequest, JobRun
 
 
 class FurcateLauncher(Launcher):
     """Runs each job in a fresh process on a pool of GPU (or CPU) slots.
 
-    Besides Hydra's batch ``launch``, it offers ``submit``/``wait_any`` (inside ``streaming``)
-    so that furcate's sweepers can hand a slot its next job the moment the previous one ends.
+    Besides Hydra's batch ``launch``, it is a ``StreamingLauncher`` (``submit_batch`` and
+    ``wait_any`` inside ``streaming``), so furcate's sweepers hand a slot its next job the moment
+    the previous one ends.
     """
 
     def __init__(self, **options: Any) -> None:
-        self.options = options
+        self.raw_options = options
+        self.options: LauncherOptions | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self.config: DictConfig | None = None
         self._session: LaunchSession | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
+    @staticmethod
+    def parse_options(options: Mapping[str, Any]) -> LauncherOptions:
+        """``hydra.launcher`` as typed options (missing keys at the config's defaults)."""
+        from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
+        from furcate_hydra.hydra_layer.options import with_defaults
+        from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
+
+        options = with_defaults(FurcateLauncherConf, options, "hydra/launcher=furcate")
+        return LauncherOptions.parse(options)
+
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
+        # Here, not in __init__, where Hydra would wrap the error in its own: a bad option stops
+        # the app with a plain message before anything starts.
+        self.options = self.parse_options(self.raw_options)
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.config = config
@@ -45,60 +62,55 @@ class FurcateLauncher(Launcher):
 
         return launch(self.session(), job_overrides, initial_job_idx)
 
-    def submit(self, overrides: Sequence[str], job_num: int) -> str:
-        """Queue one job; returns its key. Results come back from ``wait_any``."""
-        return self.session().submit(overrides, job_num)
-
-    def submit_batch(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[str]:
-        """Queue ``(overrides, job_num)`` pairs with one store lookup for all of them."""
-        return self.session().submit_batch(jobs)
-
-    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
-        """Wait until at least one submitted job ends; return ``(key, JobReturn)`` pairs."""
-        return self.session().wait_any(timeout)
+    # -- StreamingLauncher ---------------------------------------------------------------
 
     @property
     def slot_count(self) -> int:
-        """How many jobs run at once."""
-        return len(self.session().plan.slots)
+        return self.session().executor.slot_count
+
+    @property
+    def tracking_uri(self) -> str | None:
+        return self.session().recorder.tracking_uri
+
+    @property
+    def sweep_run_id(self) -> str | None:
+        return self.session().recorder.sweep_run_id
 
     @contextmanager
     def streaming(self) -> Iterator[None]:
-        """Wrap a sweeper's submits and waits: logging and sweep dir first, every job stopped
-        on Ctrl-C or SIGTERM, the sweep's run data written at the end."""
         from furcate_hydra.hydra_layer.launch_session import streaming
 
         with streaming(self.session()):
             yield
 
-    def job_run(self, key: str) -> tuple[str | None, bool]:
-        """The MLflow run of a submitted job (None when not recording), and whether the job was
-        skipped because that run had already FINISHED it."""
+    def submit_batch(self, jobs: Sequence[JobRequest]) -> list[str]:
+        return [job.key for job in self.session().submit_batch(jobs)]
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
+        return self.session().wait_any(timeout)
+
+    def job_run(self, key: str) -> JobRun:
         return self.session().recorder.job_run(key)
 
-    @property
-    def tracking_uri(self) -> str | None:
-        """Where jobs are recorded, or None when MLflow recording is off."""
-        return self.session().recorder.tracking_uri
-
-    @property
-    def sweep_run_id(self) -> str | None:
-        """The MLflow run of the sweep, parent of every job's run (once a job was submitted)."""
-        return self.session().recorder.sweep_run_id
-
     def config_files_changed(self) -> None:
-        """Compose jobs submitted from now on from the config files as they are now."""
         if self._session is not None:
             self._session.composer.forget()
+
+    # -- lifetime ------------------------------------------------------------------------
 
     def session(self) -> LaunchSession:
         """The warm pool, started on first use and stopped when the launcher goes away."""
         if self._session is None:
             from furcate_hydra.hydra_layer.launch_session import LaunchSession
 
-            if self.hydra_context is None or self.task_function is None or self.config is None:
+            if (
+                self.options is None
+                or self.hydra_context is None
+                or self.task_function is None
+                or self.config is None
+            ):
                 raise RuntimeError("FurcateLauncher.setup() must be called before launching jobs")
-            self._session = LaunchSession(
+            self._session = LaunchSession.start(
                 self.options, self.hydra_context, self.task_function, self.config
             )
             # Also at interpreter exit; the fork server stops its jobs if we vanish without it.

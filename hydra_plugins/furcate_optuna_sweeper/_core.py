@@ -15,21 +15,22 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, filter_overrides
 from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
 from furcate_hydra.hydra_layer.exclusion_filter import GridFilter
-from furcate_hydra.hydra_layer.grid import SweeperOptionError
-from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions, default_storage
+from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
+from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
+from furcate_hydra.layout import SweepPaths
+from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
 from hydra_plugins.furcate_optuna_sweeper._results import write_results
 from hydra_plugins.furcate_optuna_sweeper._space import (
@@ -40,12 +41,14 @@ from hydra_plugins.furcate_optuna_sweeper._space import (
 )
 from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
+    ask_owned,
     open_study,
     recover_trials,
+    shown_url,
+    study_storage,
     sweeper_identity,
 )
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialRuns
-from hydra_plugins.furcate_sweeper._core import StreamingLauncher, _can_stream
 
 __all__ = ["run_study"]
 
@@ -60,42 +63,54 @@ class TrialJob:
     trial: optuna.Trial
     num: int
     task: tuple[str, ...]  # the overrides of the task's config
-    overrides: list[str]  # what the launcher gets: the task's, then the job's environment
+    env: dict[str, str]  # the job's trial, for its pruning callback
     label: str
+
+    def request(self) -> JobRequest:
+        """The job for a streaming launcher, which sets the trial's variables itself."""
+        return JobRequest(self.task, self.num, self.env)
+
+    def batch_overrides(self) -> list[str]:
+        """The job for any launcher: Hydra's ``hydra.job.env_set`` takes it its trial.
+
+        ``++``: env_set is a struct of str, which takes a new key only this way (and a key the
+        user set is overwritten, not an error).
+        """
+        env = [override_line(f"++hydra.job.env_set.{k}", v) for k, v in self.env.items()]
+        return [*self.task, *env]
 
 
 class StudySweep:
     """One sweep's study: asks trials as jobs, tells their returns, counts toward n_trials."""
 
     def __init__(
-        self,
-        options: OptunaOptions,
-        hydra_context: HydraContext,
-        config: DictConfig,
-        launcher: Launcher,
-        arguments: Sequence[str],
+        self, options: OptunaOptions, context: SweepContext, arguments: Sequence[str]
     ) -> None:
         self.options = options
+        hydra_context, config = context.hydra_context, context.config
         self.config = config
-        self.launcher = launcher
+        self.launcher = context.launcher
+        self.streaming = as_streaming(context.launcher)
         parser = OverridesParser.create(config_loader=hydra_context.config_loader)
-        self.space = parse_search_space(dict(options.params), arguments, parser)
+        self.space = parse_search_space(
+            dict(options.params), arguments, parser, options.search_space
+        )
         self.filter = GridFilter(hydra_context, config) if options.rules else None
         self._check_exclusion_keys()
         sampler, n_trials = self._sampler(options.sampler, options.n_trials)
         self.study_name = options.study_name or str(config.hydra.job.name)
-        self.storage = default_storage(options.storage)
+        self.storage = study_storage(options.storage, SweepPaths.of(str(config.hydra.sweep.dir)))
         self.study = open_study(
             self.storage, self.study_name, options.directions, sampler, options.pruner_object()
         )
-        state = recover_trials(self.study)
+        self._identity = sweeper_identity()
+        state = recover_trials(self.study, self._identity)
         self._reseed(config, sampler)
         self.to_start = max(0, n_trials - state.counted)
         self.started = self.told = 0
         self.failures: list[BaseException] = []
         self.returns: dict[int, JobReturn] = {}
         self.next_num = 0
-        self._identity = sweeper_identity()
         pruning = (
             f"pruner {options.pruner['name']} on {options.monitor}"
             if options.monitor
@@ -104,10 +119,13 @@ class StudySweep:
         done = f"{state.counted} of {n_trials} trials already in the study"
         if state.retried:
             done += f", {state.retried} interrupted ones re-tried"
+        where = shown_url(self.storage)
+        if options.storage is None:
+            where += " (storage: null: a new study for this run)"
         log.info(
             "furcate_optuna: study %r in %s: %s, %d to run (%s, %s, direction %s)",
             self.study_name,
-            self.storage,
+            where,
             done,
             self.to_start,
             type(sampler).__name__,
@@ -119,7 +137,7 @@ class StudySweep:
     def runs(self) -> TrialRuns | None:
         """The trials' MLflow runs, with the furcate launcher recording; looked up on first use,
         since asking the launcher starts its pool."""
-        tracking = getattr(self.launcher, "tracking_uri", None)
+        tracking = self.streaming.tracking_uri if self.streaming is not None else None
         return TrialRuns(tracking, self.study_name) if tracking else None
 
     # -- asking ------------------------------------------------------------------------
@@ -127,18 +145,21 @@ class StudySweep:
     def ask(self) -> tuple[optuna.Trial, list[str]]:
         """The next trial and its task's overrides, resampled while exclusion rules match."""
         for _ in range(self.options.max_resamples):
-            trial = self.study.ask(fixed_distributions=self.space.distributions)
-            self._set_attr(trial, Attrs.SWEEPER, _json(self._identity))
-            task = self._task_overrides(trial)
-            rule = self._excluded_by(task)
-            if rule is None:
-                self._copy_reports_of_retried(trial)
-                self.started += 1
-                return trial, task
+            trial = ask_owned(self.study, self.space.distributions, self._identity)
+            try:
+                task = self._task_overrides(trial)
+                rule = self._excluded_by(task)
+                if rule is None:
+                    self._copy_reports_of_retried(trial)
+                    self.started += 1
+                    return trial, task
+            except BaseException as exc:  # Ctrl-C while asking: no trial is left RUNNING
+                self.interrupted([trial], f"sweep stopped: {type(exc).__name__}")
+                raise
             self._set_attr(trial, Attrs.EXCLUDED, rule)
             self.study.tell(trial, state=TrialState.FAIL)
             log.info("furcate_optuna: trial %d excluded by %s, resampling", trial.number, rule)
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.exclude",
             [str(rule) for rule in self.options.rules],
             f"matched {self.options.max_resamples} sampled configs in a row: the search space "
@@ -157,7 +178,7 @@ class StudySweep:
         fixed_keys = {line.partition("=")[0] for line in self.space.fixed}
         if overlap := sorted(fixed_keys & set(trial.params)):
             self.study.tell(trial, state=TrialState.FAIL)
-            raise SweeperOptionError(
+            raise OptionError(
                 "hydra.sweeper.custom_search_space",
                 overlap,
                 "suggests params that hydra.sweeper.params fixes",
@@ -183,26 +204,27 @@ class StudySweep:
         num = leader.num if leader is not None else self.next_num
         if leader is None:
             self.next_num += 1
-        overrides = [*task, *self._env_overrides(trial)]
         label = " ".join(filter_overrides(task)) or "no overrides"
         return TrialJob(
-            trial, num, tuple(task), overrides, f"job #{num} (trial {trial.number}: {label})"
+            trial,
+            num,
+            tuple(task),
+            self._trial_env(trial),
+            f"job #{num} (trial {trial.number}: {label})",
         )
 
-    def _env_overrides(self, trial: optuna.Trial) -> list[str]:
-        """Hydra's ``hydra.job.env_set`` takes the job its trial: any launcher passes it on."""
+    def _trial_env(self, trial: optuna.Trial) -> dict[str, str]:
+        """What the job's pruning callback reads to report to its trial (nothing to report
+        without a monitored metric)."""
         if self.options.monitor is None:
-            return []
-        env = {
+            return {}
+        return {
             env_vars.OPTUNA_STORAGE: self.storage,
             env_vars.OPTUNA_STUDY: self.study_name,
             env_vars.OPTUNA_TRIAL_NUMBER: str(trial.number),
             env_vars.OPTUNA_MONITOR: self.options.monitor,
             env_vars.OPTUNA_PRUNER: self.options.pruner_json(),
         }
-        # ++: env_set is a struct of str, which takes a new key only this way (and a key the
-        # user set is overwritten, not an error)
-        return [override_line(f"++hydra.job.env_set.{k}", v) for k, v in env.items()]
 
     def _copy_reports_of_retried(self, trial: optuna.Trial) -> None:
         """A re-tried trial's job resumes at the epoch its predecessor reached: the pruner
@@ -224,8 +246,9 @@ class StudySweep:
         config ran) is told its leader's outcome, which the leader was told first."""
         trial = job.trial
         run_id, skipped = (None, False)
-        if hasattr(self.launcher, "job_run"):
-            run_id, skipped = self.launcher.job_run(key)
+        if self.streaming is not None:
+            run = self.streaming.job_run(key)
+            run_id, skipped = run.run_id, run.skipped
         storage = self.study._storage
         if leader is not None:
             ran = storage.get_trial(leader.trial._trial_id)
@@ -276,14 +299,18 @@ class StudySweep:
             log.warning("furcate_optuna: trial %d failed: %s", trial.number, outcome.error)
         return outcome
 
-    def interrupted(self, jobs: Sequence[TrialJob], why: str) -> None:
-        """Trials whose jobs were stopped: FAIL, marked for a retry by the next sweep."""
-        for job in jobs:
+    def interrupted(self, trials: Sequence[optuna.Trial], why: str) -> None:
+        """Trials stopped before their jobs ended: FAIL, marked for a retry by the next sweep
+        (a trial told already is left as it was told)."""
+        for trial in trials:
             try:
-                self._set_attr(job.trial, Attrs.INTERRUPTED, why)
-                self.study.tell(job.trial, state=TrialState.FAIL, skip_if_finished=True)
+                state = self.study._storage.get_trial(trial._trial_id).state
+                if state.is_finished():
+                    continue
+                self._set_attr(trial, Attrs.INTERRUPTED, why)
+                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             except Exception as exc:  # still stopping: the next sweep recovers it as dead
-                log.warning("furcate_optuna: trial %d left RUNNING: %s", job.trial.number, exc)
+                log.warning("furcate_optuna: trial %d left RUNNING: %s", trial.number, exc)
 
     def too_many_failures(self, concurrency: int) -> bool:
         """hydra-optuna-sweeper's max_failure_rate, judged per trial: at 0 the first failure
@@ -366,32 +393,21 @@ def _grid_configs(space: SearchSpace, grid: dict[str, list[Any]]) -> list[list[s
     ]
 
 
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True)
-
-
 def run_study(
-    options: OptunaOptions,
-    hydra_context: HydraContext,
-    config: DictConfig,
-    launcher: Launcher,
-    arguments: Sequence[str],
+    options: OptunaOptions, context: SweepContext, arguments: Sequence[str]
 ) -> list[list[JobReturn]]:
     """Run the trials the study is missing; write and log its results; returns in job order."""
-    sweep = StudySweep(options, hydra_context, config, launcher, arguments)
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    sweep = StudySweep(options, context, arguments)
+    sweep_dir = save_multirun_config(context.config).sweep_dir
+    streaming = sweep.streaming
     if sweep.to_start:
-        if options.asynchronous and _can_stream(launcher):
-            _stream(sweep, cast(StreamingLauncher, launcher))
+        if options.asynchronous and streaming is not None:
+            _stream(sweep, streaming)
         else:
-            _batches(sweep, launcher)
+            _batches(sweep, context.launcher)
     results = write_results(sweep.study, sweep_dir)
-    ran = sweep.started > 0 and _can_stream(launcher)
-    sweep_run = getattr(launcher, "sweep_run_id", None) if ran and sweep.runs is not None else None
+    ran = sweep.started > 0 and streaming is not None
+    sweep_run = streaming.sweep_run_id if ran and streaming and sweep.runs else None
     if results is not None and sweep_run and sweep.runs is not None:
         sweep.runs.log_results(sweep_run, results.files, results.tags)
     returns = [sweep.returns[num] for num in sorted(sweep.returns)]
@@ -417,9 +433,10 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
     # trials sampled with the config of a running trial: told its outcome, not run twice
     followers: dict[str, list[TrialJob]] = {}
     stopping = False
+    submitting: TrialJob | None = None  # asked, not yet in_flight: stopped, it is told too
     try:
         with launcher.streaming():
-            concurrency = _concurrency(sweep, int(launcher.slot_count))
+            concurrency = _concurrency(sweep, launcher.slot_count)
             while in_flight or (sweep.started < sweep.to_start and not stopping):
                 done: list[tuple[str, JobReturn]] = []
                 if len(in_flight) < concurrency and sweep.started < sweep.to_start and not stopping:
@@ -429,9 +446,9 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                         key = next(k for k, j in in_flight.items() if j is leader)
                         followers.setdefault(key, []).append(sweep.job(trial, task, leader))
                         continue
-                    job = sweep.job(trial, task)
-                    (key,) = launcher.submit_batch([(job.overrides, job.num)])
-                    in_flight[key] = job
+                    job = submitting = sweep.job(trial, task)
+                    (key,) = launcher.submit_batch([job.request()])
+                    in_flight[key], submitting = job, None
                     done = launcher.wait_any(timeout=0)  # a recorded config comes back at once
                 else:
                     done = launcher.wait_any()
@@ -450,21 +467,24 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                         )
     except BaseException as exc:
         waiting = [job for jobs in followers.values() for job in jobs]
-        sweep.interrupted([*in_flight.values(), *waiting], f"sweep stopped: {type(exc).__name__}")
+        held = [*in_flight.values(), *waiting, *([submitting] if submitting else [])]
+        sweep.interrupted([job.trial for job in held], f"sweep stopped: {type(exc).__name__}")
         raise
 
 
 def _batches(sweep: StudySweep, launcher: Launcher) -> None:
     """hydra-optuna-sweeper's loop: ask a batch, launch it, wait for all of it, tell it."""
-    slots = int(getattr(launcher, "slot_count", 1)) if _can_stream(launcher) else 1
+    slots = sweep.streaming.slot_count if sweep.streaming is not None else 1
     size = sweep.options.n_jobs or slots
     while sweep.started < sweep.to_start:
         count = min(size, sweep.to_start - sweep.started)
-        jobs = [sweep.job(*sweep.ask()) for _ in range(count)]
+        jobs: list[TrialJob] = []
         try:
-            results = launcher.launch([job.overrides for job in jobs], jobs[0].num)
+            for _ in range(count):
+                jobs.append(sweep.job(*sweep.ask()))
+            results = launcher.launch([job.batch_overrides() for job in jobs], jobs[0].num)
         except BaseException as exc:
-            sweep.interrupted(jobs, f"sweep stopped: {type(exc).__name__}")
+            sweep.interrupted([job.trial for job in jobs], f"sweep stopped: {type(exc).__name__}")
             raise
         for job, job_return in zip(jobs, results, strict=True):
             # the furcate launcher keys a job by its number, in launch() as in submit()

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.grid import SweeperOptionError, SweepSpec, plain
+from furcate_hydra.hydra_layer.grid import SweepSpec
+from furcate_hydra.hydra_layer.options import OptionError, plain
 from furcate_hydra.sweeping.exclusion import ExclusionRule
 
-__all__ = ["DIRECTIONS", "OptunaOptions", "default_storage", "job_storage_url"]
+__all__ = ["DIRECTIONS", "OptunaOptions", "job_storage_url"]
 
 DIRECTIONS = ("minimize", "maximize")
-DEFAULT_STORAGE = "sqlite:///optuna.db"
 _PRUNERS = ("median", "successive_halving", "hyperband", "none")
 
 
@@ -27,9 +27,10 @@ class OptunaOptions:
 
     sampler: Any  # an optuna sampler, or a partial waiting for its grid (GridSampler)
     params: tuple[tuple[str, str], ...]
+    search_space: dict[str, Any]  # the deprecated search_space, as Optuna distributions
     rules: tuple[ExclusionRule, ...]
     directions: tuple[str, ...]
-    storage: str
+    storage: str | None  # None (storage: null): a new study for this run, in the sweep dir
     study_name: str | None
     n_trials: int
     n_jobs: int | None
@@ -42,10 +43,16 @@ class OptunaOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> OptunaOptions:
-        spec = SweepSpec.parse(options.get("params"), options.get("exclude"))
-        pruner = plain(options.get("pruner")) or {"name": "none"}
+        """``hydra.sweeper`` with every key set (``with_defaults``); an unchosen sampler or
+        pruner (MISSING) means Optuna's TPE and no pruning."""
+        from hydra_plugins.furcate_optuna_sweeper._legacy_space import (
+            distributions_from_search_space,
+        )
+
+        spec = SweepSpec.parse(options["params"], options["exclude"])
+        pruner = _chosen(options["pruner"]) or {"name": "none"}
         if not isinstance(pruner, dict) or pruner.get("name") not in _PRUNERS:
-            raise SweeperOptionError(
+            raise OptionError(
                 "hydra.sweeper.pruner",
                 pruner,
                 f"is not a pruner furcate_optuna knows ({', '.join(_PRUNERS)})",
@@ -53,35 +60,32 @@ class OptunaOptions:
                 "none) and set its arguments as hydra.sweeper.pruner.<arg>=...",
             )
         _check_pruner(pruner)
-        monitor = options.get("monitor")
+        monitor = options["monitor"]
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            raise SweeperOptionError(
+            raise OptionError(
                 "hydra.sweeper.monitor",
                 monitor,
                 "must be the name of a metric the LightningModule logs",
                 "set e.g. hydra.sweeper.monitor=val_loss, or null to report nothing",
             )
         return cls(
-            sampler=options.get("sampler"),
+            sampler=_chosen(options["sampler"]),
             params=spec.params,
+            search_space=distributions_from_search_space(options["search_space"], spec.params),
             rules=spec.rules,
-            directions=_directions(options.get("direction", "minimize")),
-            storage=_storage(options.get("storage")),
-            study_name=_optional_text("hydra.sweeper.study_name", options.get("study_name")),
-            n_trials=_count("hydra.sweeper.n_trials", options.get("n_trials", 20), "20"),
+            directions=_directions(options["direction"]),
+            storage=_storage(options["storage"]),
+            study_name=_optional_text("hydra.sweeper.study_name", options["study_name"]),
+            n_trials=_count("hydra.sweeper.n_trials", options["n_trials"], "20"),
             n_jobs=None
-            if options.get("n_jobs") is None
-            else _count(
-                "hydra.sweeper.n_jobs", options.get("n_jobs"), "4, or null for a slot each"
-            ),
-            max_failure_rate=_rate(options.get("max_failure_rate", 0.0)),
+            if options["n_jobs"] is None
+            else _count("hydra.sweeper.n_jobs", options["n_jobs"], "4, or null for a slot each"),
+            max_failure_rate=_rate(options["max_failure_rate"]),
             pruner=pruner,
             monitor=monitor,
-            custom_search_space=_callable(options.get("custom_search_space")),
-            max_resamples=_count(
-                "hydra.sweeper.max_resamples", options.get("max_resamples", 100), "100"
-            ),
-            asynchronous=bool(options.get("asynchronous", True)),
+            custom_search_space=_callable(options["custom_search_space"]),
+            max_resamples=_count("hydra.sweeper.max_resamples", options["max_resamples"], "100"),
+            asynchronous=bool(options["asynchronous"]),
         )
 
     def pruner_json(self) -> str:
@@ -94,9 +98,10 @@ class OptunaOptions:
         return pruner_from_spec(self.pruner)
 
 
-def default_storage(storage: str) -> str:
-    """The storage URL with a relative sqlite path made absolute: jobs may run elsewhere."""
-    return job_storage_url(storage, Path.cwd())
+def _chosen(value: Any) -> Any:
+    """A config-group choice as plain values; None where nothing was chosen (MISSING)."""
+    value = plain(value)
+    return None if value is None or value == MISSING else value
 
 
 def job_storage_url(storage: str, cwd: Path) -> str:
@@ -114,7 +119,7 @@ def _directions(value: Any) -> tuple[str, ...]:
     items = raw if isinstance(raw, list) else [raw]
     names = [getattr(item, "name", item) for item in items]  # Direction enums, as strings
     if not names or not all(isinstance(n, str) and n in DIRECTIONS for n in names):
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.direction",
             raw,
             "must be minimize or maximize, or a list of them (one per value the task returns)",
@@ -123,30 +128,30 @@ def _directions(value: Any) -> tuple[str, ...]:
     return tuple(str(n) for n in names)
 
 
-def _storage(value: Any) -> str:
+def _storage(value: Any) -> str | None:
     if value is None:
-        return DEFAULT_STORAGE
+        return None
     if not isinstance(value, str) or "://" not in value:
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.storage",
             value,
             "must be an Optuna RDB storage URL (the trials' jobs report to it from their own "
             "processes, so an in-memory study cannot work)",
             "set hydra.sweeper.storage=sqlite:///optuna.db (or a postgresql:// or mysql:// URL),"
-            " or null for sqlite:///optuna.db in the working directory",
+            " or null for a new study in the sweep dir",
         )
     return value
 
 
 def _count(key: str, value: Any, example: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SweeperOptionError(key, value, "must be a whole number, 1 or more", f"e.g. {example}")
+        raise OptionError(key, value, "must be a whole number, 1 or more", f"e.g. {example}")
     return value
 
 
 def _rate(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.max_failure_rate",
             value,
             "must be a fraction of trials between 0.0 and 1.0",
@@ -159,7 +164,7 @@ def _optional_text(key: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise SweeperOptionError(key, value, "must be a non-empty name", f"set {key}=my_study")
+        raise OptionError(key, value, "must be a non-empty name", f"set {key}=my_study")
     return value
 
 
@@ -170,11 +175,11 @@ def _callable(path: Any) -> Callable[[DictConfig, Any], Any] | None:
 
     key = "hydra.sweeper.custom_search_space"
     if not isinstance(path, str) or not path:
-        raise SweeperOptionError(key, path, "must be a dotted path", "e.g. my_module.configure")
+        raise OptionError(key, path, "must be a dotted path", "e.g. my_module.configure")
     try:
         return get_method(path)
     except Exception as exc:  # ImportError, AttributeError or Hydra's wrapper of them
-        raise SweeperOptionError(
+        raise OptionError(
             key,
             path,
             f"does not name a function that can be imported ({str(exc).splitlines()[0]})",
@@ -189,7 +194,7 @@ def _check_pruner(spec: dict[str, Any]) -> None:
     try:
         pruner_from_spec(spec)
     except FurcateConfigError as exc:
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.pruner",
             spec,
             exc.problem,

@@ -17,11 +17,13 @@ import optuna
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
+from furcate_hydra.layout import SweepPaths
+
 __all__ = ["RESULTS_FILE", "StudyResults", "write_results"]
 
 log = logging.getLogger(__name__)
 
-RESULTS_FILE = "optimization_results.yaml"
+RESULTS_FILE = SweepPaths.OPTIMIZATION_RESULTS
 HISTORY_PLOT = "optimization_history.png"
 IMPORTANCE_PLOT = "param_importances.png"
 

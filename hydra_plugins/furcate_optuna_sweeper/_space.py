@@ -3,9 +3,15 @@
     x: interval(-5, 5)              FloatDistribution (Hydra reads an interval's ends as floats)
     lr: tag(log, interval(1e-5, 1)) log-uniform
     n: int(interval(1, 8))          IntDistribution
-    x: range(-5.5, 5.5, step=0.5)   stepped: the values Hydra's range lists (stop excluded)
+    x: range(-5.5, 5.5, step=0.5)   stepped, -5.5 to 5.5 with both ends (see below)
     opt: choice(Adam, SGD)          CategoricalDistribution (also a,b and glob(*) over groups)
     epochs: 10                      fixed: passed to every trial unchanged
+
+``range(a, b, step=s)`` means what it means to hydra-optuna-sweeper, Optuna's stepped
+distribution from ``a`` to ``b`` with ``b`` included, not Hydra's grid range (``b`` left out,
+as the grid sweeper keeps it): the same config searches the same space under either plugin.
+Where no step lands on ``b``, the last step before it ends the space, as Optuna adjusts ``high``
+(and warns). ``shuffle(range(...))`` stays Hydra's list of values, as a choice.
 
 A sampled value goes back to Hydra as an override (``override_line``), so a trial's job is
 composed exactly as a grid job with the same values would be.
@@ -14,8 +20,10 @@ composed exactly as a grid job with the same values would be.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -28,12 +36,19 @@ from hydra.core.override_parser.types import (
     Transformer,
 )
 
-from furcate_hydra.hydra_layer.grid import SweeperOptionError, parse_sweep_overrides
+from furcate_hydra.hydra_layer.grid import parse_sweep_overrides
+from furcate_hydra.hydra_layer.options import OptionError
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
-__all__ = ["SearchSpace", "grid_values", "override_line", "parse_search_space"]
+__all__ = [
+    "SearchSpace",
+    "grid_values",
+    "override_line",
+    "parse_search_space",
+    "stepped_distribution",
+]
 
 # Strings that read back as themselves in a Hydra override without quotes.
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./:-]*")
@@ -53,9 +68,16 @@ class SearchSpace:
 
 
 def parse_search_space(
-    params: Mapping[str, str], arguments: Sequence[str], parser: OverridesParser
+    params: Mapping[str, str],
+    arguments: Sequence[str],
+    parser: OverridesParser,
+    search_space: Mapping[str, BaseDistribution] | None = None,
 ) -> SearchSpace:
-    """``hydra.sweeper.params`` first, then the command line, which wins for a key in both."""
+    """``hydra.sweeper.params`` first, then the command line, which wins for a key in both.
+
+    ``search_space`` (the deprecated ``hydra.sweeper.search_space``, as distributions) comes
+    before both, as in hydra-optuna-sweeper: a key they set too takes their value.
+    """
     parsed = parse_sweep_overrides(
         params.items(),
         arguments,
@@ -64,13 +86,15 @@ def parse_search_space(
         "use interval(0.1, 1), tag(log, interval(1e-5, 1)), int(interval(1, 8)), "
         "range(1, 10), choice(a, b) or a fixed value",
     )
-    distributions: dict[str, BaseDistribution] = {}
+    distributions: dict[str, BaseDistribution] = dict(search_space or {})
     fixed: list[str] = []
     winners = {override.get_key_element(): (source, override) for source, override in parsed}
     for key, (source, override) in winners.items():
         if override.is_sweep_override():
             distributions[key] = _distribution(source, override)
-        elif override.is_delete():
+            continue
+        distributions.pop(key, None)
+        if override.is_delete():
             fixed.append(override.input_line or key)
         else:
             fixed.append(f"{key}={override.get_value_element_as_str()}")
@@ -90,13 +114,46 @@ def grid_values(key: str, distribution: BaseDistribution) -> list[Any]:
         count = round((distribution.high - distribution.low) / step) + 1
         # from the low end each time, so float steps do not add up errors
         return [round(distribution.low + i * step, 12) for i in range(count)]
-    raise SweeperOptionError(
+    raise OptionError(
         f"hydra.sweeper.params.{key}",
         repr(distribution),
         "has no list of values, which the grid sampler needs",
         "use range(...) or choice(...) for this key, or another sampler (e.g. "
         "hydra/sweeper/sampler=tpe)",
     )
+
+
+def stepped_distribution(
+    source: str, text: Any, start: float, stop: float, step: float, *, integer: bool
+) -> BaseDistribution:
+    """Every value ``start + k * step`` from ``start`` up to ``stop`` included, as an Int- or
+    FloatDistribution with ``step`` (whose ``low`` is the smaller end, for a step below 0).
+
+    The caller checked that ``step`` goes from ``start`` towards ``stop``. Where no step lands
+    on ``stop``, the last one before it ends the space: Optuna adjusts ``high`` the same way
+    and warns; so does this, naming the option. Decimal arithmetic, as Optuna's, so that
+    ``0.1`` steps land where they are written.
+    """
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    begin, end, size = (Decimal(str(v)) for v in (start, stop, step))
+    last = begin + (end - begin) // size * size
+    if last != end:
+        warnings.warn(
+            f"{source}={text}: steps of {step} from {start} do not land on {stop}, so the "
+            f"search space ends at {_number(last, integer)} (Optuna ends a stepped "
+            "distribution at its last step the same way)",
+            UserWarning,
+            stacklevel=2,
+        )
+    low, high = sorted((begin, last))
+    if integer:
+        return IntDistribution(int(low), int(high), step=int(abs(size)))
+    return FloatDistribution(float(low), float(high), step=float(abs(size)))
+
+
+def _number(value: Decimal, integer: bool) -> int | float:
+    return int(value) if integer else float(value)
 
 
 def override_line(key: str, value: Any) -> str:
@@ -127,32 +184,35 @@ def _distribution(source: str, override: Override) -> BaseDistribution:
         assert low is not None and high is not None
         log = "log" in sweep.tags
         if not low < high:
-            raise SweeperOptionError(
+            raise OptionError(
                 source, text, "needs its low end below its high end", "write interval(low, high)"
             )
         if log and low <= 0:
-            raise SweeperOptionError(
+            raise OptionError(
                 source, text, "is log-scaled, so its low end must be above 0", "e.g. 1e-5"
             )
         if isinstance(low, int) and isinstance(high, int):
             return IntDistribution(low, high, log=log)
         return FloatDistribution(float(low), float(high), log=log)
     if isinstance(sweep, RangeSweep) and not sweep.shuffle:
-        values: list[Any] = list(override.sweep_iterator())
-        if not values:
-            raise SweeperOptionError(source, text, "lists no values", "e.g. range(1, 10)")
-        step = abs(sweep.step)
-        # Hydra's range leaves out its stop; Optuna's high is the last value it may sample.
-        first, last = min(values), max(values)
-        if all(isinstance(v, int) for v in (first, last, step)):
-            return IntDistribution(first, last, step=int(step))
-        return FloatDistribution(float(first), float(last), step=float(step))
+        start, stop, step = sweep.start, sweep.stop, sweep.step
+        assert start is not None and stop is not None
+        if step == 0 or (stop - start) * step < 0:
+            raise OptionError(
+                source,
+                text,
+                f"never reaches {stop} from {start} in steps of {step}",
+                f"e.g. range({min(start, stop)}, {max(start, stop)}, step={abs(step) or 1}), "
+                "with its end included",
+            )
+        integer = all(isinstance(v, int) for v in (start, stop, step))
+        return stepped_distribution(source, text, start, stop, step, integer=integer)
     if isinstance(sweep, ChoiceSweep | RangeSweep | Glob):
         choices = list(override.sweep_iterator(transformer=Transformer.encode))
         if not choices:
-            raise SweeperOptionError(source, text, "lists no values", "e.g. choice(a, b)")
+            raise OptionError(source, text, "lists no values", "e.g. choice(a, b)")
         return CategoricalDistribution(choices)  # type: ignore[arg-type]
-    raise SweeperOptionError(
+    raise OptionError(
         source,
         text,
         "is not a search space Optuna can sample",

@@ -17,19 +17,31 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.records import RunRecord, RunStatus
 from furcate_hydra.tuning.storage import rdb_storage
+from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 
-__all__ = ["Attrs", "StudyState", "open_study", "recover_trials"]
+__all__ = [
+    "Attrs",
+    "StudyState",
+    "ask_owned",
+    "open_study",
+    "recover_trials",
+    "shown_url",
+    "study_storage",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +69,31 @@ class StudyState:
     recovered: int
 
 
+def study_storage(storage: str | None, sweep: SweepPaths) -> str:
+    """The URL the sweeper and the trials' jobs open.
+
+    A URL as given, a relative sqlite path made absolute (jobs may run elsewhere). ``None``
+    (``storage: null``): a new sqlite file in the sweep dir. hydra-optuna-sweeper's study is in
+    memory then, new every run; a file is what the trials' jobs can report to from their own
+    processes, so pruning works, and the study stays beside the sweep's results.
+    """
+    if storage is not None:
+        return job_storage_url(storage, Path.cwd())
+    sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{sweep.new_study_db()}"
+
+
+def shown_url(url: str) -> str:
+    """The storage URL for a log line: a password in it shown as ***."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
 def open_study(
     storage_url: str,
     study_name: str,
@@ -75,9 +112,9 @@ def open_study(
     )
     had = [d.name.lower() for d in study.directions]
     if had != list(directions):
-        from furcate_hydra.hydra_layer.grid import SweeperOptionError
+        from furcate_hydra.hydra_layer.options import OptionError
 
-        raise SweeperOptionError(
+        raise OptionError(
             "hydra.sweeper.direction",
             list(directions),
             f"differs from the directions study {study_name!r} in {storage_url} was created "
@@ -88,11 +125,33 @@ def open_study(
     return study
 
 
-def sweeper_identity() -> dict[str, str]:
-    return LauncherIdentity.current().tags()
+def sweeper_identity() -> str:
+    """This process's identity as a trial's SWEEPER attr: who to ask whether it still runs."""
+    return json.dumps(LauncherIdentity.current().tags(), sort_keys=True)
 
 
-def recover_trials(study: optuna.Study) -> StudyState:
+def ask_owned(
+    study: optuna.Study, distributions: Mapping[str, BaseDistribution], owner: str
+) -> optuna.Trial:
+    """``study.ask``, but the trial is never RUNNING without its sweeper's identity.
+
+    A plain ask makes the trial RUNNING and the identity is written after it: a sweep killed
+    in between leaves a RUNNING trial no rerun can tell is orphaned. So, unless a WAITING
+    trial is queued (a retry, which carries its enqueuer's identity), one that already
+    carries this identity is added first, in one write, and ask pops it; the popped trial is
+    then claimed for this sweeper. (Another sweeper popping the queue between the look and
+    the ask reopens the gap for one trial; it takes a SIGKILL in those milliseconds to
+    matter.)
+    """
+    if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        placeholder = create_trial(state=TrialState.WAITING, system_attrs={Attrs.SWEEPER: owner})
+        study.add_trial(placeholder)
+    trial = study.ask(fixed_distributions=dict(distributions))
+    study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, owner)
+    return trial
+
+
+def recover_trials(study: optuna.Study, owner: str) -> StudyState:
     """Fail the trials of dead sweeps, enqueue interrupted ones again, count the rest."""
     here = LauncherIdentity.current()
     storage = study._storage
@@ -121,9 +180,18 @@ def recover_trials(study: optuna.Study) -> StudyState:
         if trial.number in done:
             continue
         study.enqueue_trial(dict(trial.params), user_attrs={Attrs.RETRY_OF: trial.number})
+        _claim_retry(study, trial.number, owner)
         retried += 1
     counted = sum(1 for t in study.get_trials(deepcopy=False) if counts(t))
     return StudyState(counted, running_elsewhere, retried, recovered)
+
+
+def _claim_retry(study: optuna.Study, number: int, owner: str) -> None:
+    # enqueue_trial returns nothing: find the retry to give it the enqueuer's identity, which
+    # it keeps while RUNNING until its popper claims it (see ask_owned)
+    for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if waiting.user_attrs.get(Attrs.RETRY_OF) == number:
+            study._storage.set_trial_system_attr(waiting._trial_id, Attrs.SWEEPER, owner)
 
 
 def counts(trial: FrozenTrial) -> bool:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial
 
+from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
+
 __all__ = ["RecordedTrial", "TrialRuns", "TrialTags"]
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class TrialRuns:
     def __init__(self, tracking_uri: str, study_name: str) -> None:
         from mlflow.tracking import MlflowClient
 
+        ignore_mlflow_sqlalchemy_deprecation()  # a SQL store warns when MLflow loads it
         self.client = MlflowClient(tracking_uri)
         self.study_name = study_name
 

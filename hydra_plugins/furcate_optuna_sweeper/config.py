@@ -127,8 +127,10 @@ class FurcateOptunaSweeperConf:
     pruner: Any = MISSING
     # minimize or maximize, or a list of them: one per value the task returns
     direction: Any = "minimize"
-    # an Optuna RDB URL; unset: sqlite:///optuna.db in the working directory
-    storage: Optional[Any] = None
+    # an Optuna RDB URL that every run continues (a relative sqlite path is from the working
+    # directory); null: a new study for each run (a sqlite file in the sweep dir, so that the
+    # trials' jobs can report to it), as hydra-optuna-sweeper's in-memory one
+    storage: Optional[Any] = "sqlite:///optuna.db"
     # unset: the task's name (hydra.job.name)
     study_name: Optional[str] = None
     # trials the study should have in all: a rerun runs only the ones missing
@@ -140,6 +142,9 @@ class FurcateOptunaSweeperConf:
     # the search space, as hydra-optuna-sweeper reads it: interval, int(interval), tag(log, ..),
     # range, choice, or a fixed value
     params: Optional[Dict[str, Any]] = field(default_factory=dict)
+    # deprecated (hydra-optuna-sweeper reads it with a warning): {name: {type, low, high, step,
+    # log, choices}}, the search space before params; it cannot be set beside params
+    search_space: Optional[Dict[str, Any]] = None
     # dotted path of fn(cfg, trial) that suggests more params (define-by-run)
     custom_search_space: Optional[str] = None
     # the metric each epoch reports to the trial (a key the LightningModule logs, e.g.

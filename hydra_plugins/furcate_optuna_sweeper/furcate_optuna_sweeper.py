@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.utils import JobReturn
-from hydra.plugins.launcher import Launcher
-from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+
+from furcate_hydra.hydra_layer.sweeper_base import SweepContext, SweeperBase
+
+if TYPE_CHECKING:
+    from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 
 
-class FurcateOptunaSweeper(Sweeper):
+class FurcateOptunaSweeper(SweeperBase["OptunaOptions"]):
     """hydra-optuna-sweeper's study, run asynchronously on the furcate launcher's slots.
 
     Each free slot gets a trial the moment its last one is told; jobs report each epoch to
@@ -19,30 +21,18 @@ class FurcateOptunaSweeper(Sweeper):
     the trials it is missing. With any other launcher, trials run in batches of ``n_jobs``.
     """
 
-    def __init__(self, **options: Any) -> None:
-        self.raw_options = options
-        self.hydra_context: HydraContext | None = None
-        self.config: DictConfig | None = None
-        self.launcher: Launcher | None = None
-
-    def setup(
-        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
-    ) -> None:
-        from hydra.core.plugins import Plugins
-
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any]) -> OptunaOptions:
+        from furcate_hydra.hydra_layer.options import with_defaults
         from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
+        from hydra_plugins.furcate_optuna_sweeper.config import FurcateOptunaSweeperConf
 
-        # Validated here, not in __init__, where Hydra would wrap the error in its own.
-        self.options = OptunaOptions.parse(self.raw_options)
-        self.hydra_context = hydra_context
-        self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+        options = with_defaults(FurcateOptunaSweeperConf, options, "hydra/sweeper=furcate_optuna")
+        return OptunaOptions.parse(options)
 
-    def sweep(self, arguments: list[str]) -> list[list[JobReturn]]:
+    def run(
+        self, options: OptunaOptions, context: SweepContext, arguments: Sequence[str]
+    ) -> list[list[JobReturn]]:
         from hydra_plugins.furcate_optuna_sweeper._core import run_study
 
-        if self.hydra_context is None or self.config is None or self.launcher is None:
-            raise RuntimeError("FurcateOptunaSweeper.setup() must be called before sweep()")
-        return run_study(self.options, self.hydra_context, self.config, self.launcher, arguments)
+        return run_study(options, context, arguments)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
@@ -23,37 +21,21 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra.hydra_layer.exclusion_filter import FilteredGrid, GridFilter
-from furcate_hydra.hydra_layer.grid import (
-    COMPOSE_ERRORS,
-    SweeperOptionError,
-    SweepSpec,
-    expand_grid,
-    first_line,
+from furcate_hydra.hydra_layer.grid import COMPOSE_ERRORS, SweepSpec, expand_grid, first_line
+from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_layer.streaming import (
+    LOOKUP_CHUNK,
+    JobRequest,
+    StreamingLauncher,
+    as_streaming,
 )
+from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.sweeping.sweep_queue import SweepQueue
 from hydra_plugins.furcate_sweeper._live import LiveConfig, primary_config_file
 
 __all__ = ["GridPlanner", "SweepOptions", "run_grid_sweep"]
 
 log = logging.getLogger(__name__)
-
-# Most configs looked up in the store at once when a rerun finds them recorded (skipped).
-LOOKUP_CHUNK = 64
-
-
-class StreamingLauncher(Protocol):
-    """What the furcate launcher offers beyond Hydra's ``launch`` (checked by duck typing:
-    Hydra loads plugin modules twice, so isinstance against its class can fail)."""
-
-    slot_count: int
-
-    def streaming(self) -> AbstractContextManager[None]: ...
-
-    def submit_batch(self, jobs: Sequence[tuple[Sequence[str], int]]) -> list[str]: ...
-
-    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]: ...
-
-    def config_files_changed(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -64,25 +46,26 @@ class SweepOptions:
     watch_interval_s: float
 
     @classmethod
-    def parse(cls, options: dict[str, Any]) -> SweepOptions:
-        spec = SweepSpec.parse(options.get("params"), options.get("exclude"))
-        size = options.get("max_batch_size")
+    def parse(cls, options: Mapping[str, Any]) -> SweepOptions:
+        """``hydra.sweeper`` with every key set (``with_defaults``)."""
+        spec = SweepSpec.parse(options["params"], options["exclude"])
+        size = options["max_batch_size"]
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise SweeperOptionError(
+            raise OptionError(
                 "hydra.sweeper.max_batch_size",
                 size,
                 "must be a positive number of jobs, or null for all at once",
                 "set hydra.sweeper.max_batch_size=null (or e.g. 8)",
             )
-        interval = options.get("watch_interval_s", 1.0)
+        interval = options["watch_interval_s"]
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
-            raise SweeperOptionError(
+            raise OptionError(
                 "hydra.sweeper.watch_interval_s",
                 interval,
                 "must be a positive number of seconds",
                 "set hydra.sweeper.watch_interval_s=1.0, or hydra.sweeper.watch=false",
             )
-        return cls(spec, size, bool(options.get("watch", True)), float(interval))
+        return cls(spec, size, bool(options["watch"]), float(interval))
 
 
 class GridPlanner:
@@ -103,17 +86,11 @@ class GridPlanner:
 class GridSweep:
     """One sweep's state: the queue, job numbers, returns, and the live config file."""
 
-    def __init__(
-        self,
-        options: SweepOptions,
-        planner: GridPlanner,
-        hydra_context: HydraContext,
-        config: DictConfig,
-        launcher: Launcher,
-    ) -> None:
+    def __init__(self, options: SweepOptions, planner: GridPlanner, context: SweepContext) -> None:
         self.options = options
         self.planner = planner
-        self.launcher = launcher
+        self.launcher = context.launcher
+        hydra_context, config = context.hydra_context, context.config
         grid = planner.plan(options.spec)
         log.info("furcate: %s", grid.describe())
         self.queue = SweepQueue(grid.kept)
@@ -172,6 +149,7 @@ class GridSweep:
         self.files_changed = True
         try:
             edited = self.live.reload()
+            # Composed by Hydra from the plugin's dataclass: every key is there.
             options = SweepOptions.parse(_sweeper_options(edited))
             self.planner.filter.forget()
             grid = self.planner.plan(options.spec)
@@ -187,8 +165,8 @@ class GridSweep:
                 "furcate: %s changed config values; jobs started from now on use them",
                 self.live.path,
             )
-        if hasattr(self.launcher, "config_files_changed"):
-            self.launcher.config_files_changed()
+        if (streaming := as_streaming(self.launcher)) is not None:
+            streaming.config_files_changed()
         self.on_hold = False
         change = self.queue.replace_grid(grid.kept)
         log.info(
@@ -207,32 +185,20 @@ class GridSweep:
 
 
 def run_grid_sweep(
-    options: SweepOptions,
-    hydra_context: HydraContext,
-    config: DictConfig,
-    launcher: Launcher,
-    arguments: Sequence[str],
+    options: SweepOptions, context: SweepContext, arguments: Sequence[str]
 ) -> list[list[JobReturn]]:
     """Run every config of the grid once; returns in job order, grouped in batches."""
-    planner = GridPlanner(hydra_context, config, arguments)
-    sweep = GridSweep(options, planner, hydra_context, config, launcher)
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(config, sweep_dir / "multirun.yaml")
-    if _can_stream(launcher):
-        _stream(sweep, cast(StreamingLauncher, launcher))
+    planner = GridPlanner(context.hydra_context, context.config, arguments)
+    sweep = GridSweep(options, planner, context)
+    save_multirun_config(context.config)
+    if (streaming := as_streaming(context.launcher)) is not None:
+        _stream(sweep, streaming)
     else:
-        _batches(sweep, launcher, options.max_batch_size)
+        _batches(sweep, context.launcher, options.max_batch_size)
     returns = sweep.ordered_returns()
     _raise_first_failure(returns)
     size = options.max_batch_size or max(len(returns), 1)
     return [returns[i : i + size] for i in range(0, len(returns), size)] or [[]]
-
-
-def _can_stream(launcher: Launcher) -> bool:
-    return all(
-        hasattr(launcher, name) for name in ("streaming", "submit_batch", "wait_any", "slot_count")
-    )
 
 
 def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
@@ -243,14 +209,14 @@ def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
     lookahead = 0  # grows while reruns find whole batches recorded (skipped)
     interval = sweep.options.watch_interval_s if sweep.live is not None else None
     with launcher.streaming():
-        slots = int(launcher.slot_count)
+        slots = launcher.slot_count
         while len(sweep.queue) or in_flight:
             free = slots - len(in_flight)
             done: list[tuple[str, JobReturn]] = []
             if free > 0 and len(sweep.queue) and not sweep.on_hold:
                 jobs = sweep.numbered(sweep.queue.take(max(free, lookahead)))
                 try:
-                    keys = launcher.submit_batch(jobs)
+                    keys = launcher.submit_batch([JobRequest(o, num) for o, num in jobs])
                 except COMPOSE_ERRORS as exc:  # the files were edited into a broken state
                     sweep.hold(jobs, exc)
                     continue

@@ -14,6 +14,7 @@ from typing import Any
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from furcate_hydra.hydra_layer.command_line import given_overrides
 from furcate_hydra.sweeping.file_watch import FileWatcher
 
 __all__ = ["LiveConfig", "primary_config_file"]
@@ -44,7 +45,8 @@ class LiveConfig:
         self.path = path
         self._loader = hydra_context.config_loader
         self._config_name = str(config.hydra.job.config_name)
-        self._overrides = [*config.hydra.overrides.hydra, *config.hydra.overrides.task]
+        # As typed: ${hydra.job.num} and the like are the job's to resolve, not ours.
+        self._overrides = [*given_overrides(config, "hydra"), *given_overrides(config, "task")]
         self._watcher = FileWatcher(path)
         self._task = _task_part(config)
 

@@ -77,6 +77,15 @@ def misbehave(mode: str) -> Any:
             "sum": total,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
+    if mode == "progress":
+        # what fit's ProgressFile writes, twice, far enough apart for the launcher to see both
+        from furcate_hydra.progress import write_progress
+
+        path = Path(HydraConfig.get().runtime.output_dir) / "progress.json"
+        for epoch in range(2):
+            write_progress(path, epoch, 10 * (epoch + 1), {"loss": 1.0 / (epoch + 1)})
+            time.sleep(2.5)
+        return "ok"
     if mode == "spawn_and_hang":
         # Children in the job's process group, as DataLoader workers would be.
         for _ in range(2):
@@ -91,6 +100,13 @@ def main(cfg: DictConfig) -> Any:
     mode = str(cfg.mode)
     if mode == "ok":
         return info
+    if mode == "metric":
+        # a metric in the job's run, as a task logging to MLflow leaves one
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+        client.log_metric(os.environ["MLFLOW_RUN_ID"], "score", float(cfg.get("lr", 0.0)))
+        return "ok"
     return misbehave(mode)
 
 

@@ -11,6 +11,7 @@ import time
 from multiprocessing.connection import Connection
 
 from furcate_hydra.errors import ForkServerError
+from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.forkserver.protocol import (
     Init,
     InitFailed,
@@ -23,6 +24,9 @@ from furcate_hydra.execution.forkserver.protocol import (
 )
 
 __all__ = ["ForkServerClient"]
+
+# Longest a wait goes without looking for a Ctrl-C that Python lost (see interrupts.py).
+_CHECK_EVERY_S = 0.5
 
 
 class ForkServerClient:
@@ -49,8 +53,12 @@ class ForkServerClient:
             )
         self._conn = Connection(parent_sock.detach())
         began = time.perf_counter()
-        self._conn.send(Init(list(sys.path), os.getcwd(), preload, context))
-        reply = self.receive(timeout=start_timeout_s)
+        try:
+            self._conn.send(Init(list(sys.path), os.getcwd(), preload, context))
+            reply = self._wait_ready(start_timeout_s)
+        except BaseException:  # Ctrl-C during the warm-up: no server is left behind
+            self.terminate()
+            raise
         if isinstance(reply, InitFailed):
             self.terminate()
             raise ForkServerError(f"The fork server could not load the task:\n{reply.error}")
@@ -59,6 +67,16 @@ class ForkServerClient:
             raise ForkServerError(f"The fork server did not start within {start_timeout_s:.0f} s.")
         self.ready = reply
         self.start_s = time.perf_counter() - began
+
+    def _wait_ready(self, timeout_s: float) -> object | None:
+        # In slices, so that a Ctrl-C Python lost while this process imported is seen.
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            interrupts.check()
+            reply = self.receive(timeout=min(left, _CHECK_EVERY_S))
+            if reply is not None:
+                return reply
+        return None
 
     def fileno(self) -> int:
         return self._conn.fileno()

@@ -276,10 +276,11 @@ def main(argv: list[str]) -> int:
         if not isinstance(message, Init):
             raise RuntimeError(f"expected Init as the first message, got {type(message).__name__}")
         server.initialise(message)
-    except EOFError:
-        return 0
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return 0  # the launcher went away during the warm-up (a Ctrl-C): nothing to report
     except BaseException:
-        conn.send(InitFailed(traceback.format_exc()))
+        with contextlib.suppress(OSError):
+            conn.send(InitFailed(traceback.format_exc()))
         return 1
     server.serve()
     return 0

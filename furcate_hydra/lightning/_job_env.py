@@ -8,27 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from furcate_hydra import env_vars as _names
+from furcate_hydra import env_vars
+from furcate_hydra.layout import JobPaths
 
-__all__ = [
-    "CHECKPOINT_DIR_VAR",
-    "EXPERIMENT_ID_VAR",
-    "OUTPUT_DIR_VAR",
-    "RUN_ID_VAR",
-    "TRACKING_URI_VAR",
-    "JobEnv",
-]
+__all__ = ["JobEnv"]
 
 log = logging.getLogger(__name__)
-
-# one spelling, shared with the launcher that sets them
-TRACKING_URI_VAR = _names.TRACKING_URI
-RUN_ID_VAR = _names.RUN_ID
-EXPERIMENT_ID_VAR = _names.EXPERIMENT_ID
-OUTPUT_DIR_VAR = _names.OUTPUT_DIR
-CHECKPOINT_DIR_VAR = _names.CHECKPOINT_DIR
-
-CHECKPOINT_SUBDIR = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -48,6 +33,11 @@ class JobEnv:
     tracking_uri: str | None = None
     run_id: str | None = None
     experiment_id: str | None = None
+
+    @property
+    def paths(self) -> JobPaths:
+        """Every file of the job (history, plots, final checkpoint, ...)."""
+        return JobPaths(self.output_dir, self.checkpoint_dir)
 
     @property
     def recording(self) -> bool:
@@ -75,24 +65,24 @@ class JobEnv:
             # an exported-but-empty variable means "unset", as it does for MLflow itself
             return source.get(name) or None
 
-        output = get(OUTPUT_DIR_VAR)
-        output_dir = Path(output) if output else (default_output_dir or Path.cwd())
-        output_dir = output_dir.absolute()
-        checkpoint = get(CHECKPOINT_DIR_VAR)
-        checkpoint_dir = Path(checkpoint) if checkpoint else output_dir / CHECKPOINT_SUBDIR
+        output = get(env_vars.OUTPUT_DIR)
+        paths = JobPaths.of(
+            Path(output) if output else (default_output_dir or Path.cwd()),
+            get(env_vars.CHECKPOINT_DIR),
+        )
         env = cls(
-            output_dir=output_dir,
-            checkpoint_dir=checkpoint_dir.absolute(),
-            tracking_uri=get(TRACKING_URI_VAR),
-            run_id=get(RUN_ID_VAR),
-            experiment_id=get(EXPERIMENT_ID_VAR),
+            output_dir=paths.output_dir,
+            checkpoint_dir=paths.checkpoint_dir,
+            tracking_uri=get(env_vars.TRACKING_URI),
+            run_id=get(env_vars.RUN_ID),
+            experiment_id=get(env_vars.EXPERIMENT_ID),
         )
         if env.run_id is not None and env.tracking_uri is None:
             log.warning(
                 "%s=%s is set but %s is not, so this job records nothing in MLflow. "
                 "Set both, or neither to run standalone.",
-                RUN_ID_VAR,
+                env_vars.RUN_ID,
                 env.run_id,
-                TRACKING_URI_VAR,
+                env_vars.TRACKING_URI,
             )
         return env

@@ -35,24 +35,7 @@ from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.tuning.pruners import pruner_from_spec
 from furcate_hydra.tuning.storage import rdb_storage
 
-__all__ = [
-    "MONITOR_VAR",
-    "PRUNED_AT_EPOCH_ATTR",
-    "PRUNER_VAR",
-    "STORAGE_VAR",
-    "STUDY_VAR",
-    "TRIAL_NUMBER_VAR",
-    "OptunaPruning",
-    "pruner_from_spec",
-]
-
-# one spelling, shared with the sweeper that sets them
-STORAGE_VAR = env_vars.OPTUNA_STORAGE
-STUDY_VAR = env_vars.OPTUNA_STUDY
-TRIAL_NUMBER_VAR = env_vars.OPTUNA_TRIAL_NUMBER
-MONITOR_VAR = env_vars.OPTUNA_MONITOR
-PRUNER_VAR = env_vars.OPTUNA_PRUNER
-PRUNED_AT_EPOCH_ATTR = env_vars.PRUNED_AT_EPOCH_ATTR
+__all__ = ["OptunaPruning"]
 
 _LOCKED_RETRIES = 5
 
@@ -113,7 +96,12 @@ class OptunaPruning(pl.Callback):
             FurcateConfigError: Only some of the variables are set, or one is malformed.
         """
         source = os.environ if env is None else env
-        names = (STORAGE_VAR, STUDY_VAR, TRIAL_NUMBER_VAR, MONITOR_VAR)
+        names = (
+            env_vars.OPTUNA_STORAGE,
+            env_vars.OPTUNA_STUDY,
+            env_vars.OPTUNA_TRIAL_NUMBER,
+            env_vars.OPTUNA_MONITOR,
+        )
         values = {name: source.get(name) or None for name in names}
         missing = [name for name, value in values.items() if value is None]
         if len(missing) == len(names):
@@ -125,24 +113,24 @@ class OptunaPruning(pl.Callback):
                 f"the Optuna sweeper sets all of {list(names)}; {missing} unset",
                 "set all of them, or none to run without pruning",
             )
-        number = str(values[TRIAL_NUMBER_VAR])
+        number = str(values[env_vars.OPTUNA_TRIAL_NUMBER])
         try:
             trial_number = int(number)
         except ValueError:
             trial_number = -1
         if trial_number < 0:
             raise FurcateConfigError(
-                TRIAL_NUMBER_VAR,
+                env_vars.OPTUNA_TRIAL_NUMBER,
                 number,
                 "must be a trial number (an integer >= 0)",
                 "set it to the asked trial's Trial.number",
             )
-        spec = source.get(PRUNER_VAR) or None
+        spec = source.get(env_vars.OPTUNA_PRUNER) or None
         return cls(
-            storage=str(values[STORAGE_VAR]),
-            study_name=str(values[STUDY_VAR]),
+            storage=str(values[env_vars.OPTUNA_STORAGE]),
+            study_name=str(values[env_vars.OPTUNA_STUDY]),
             trial_number=trial_number,
-            monitor=str(values[MONITOR_VAR]),
+            monitor=str(values[env_vars.OPTUNA_MONITOR]),
             pruner=pruner_from_spec(spec) if spec is not None else None,
         )
 
@@ -169,7 +157,9 @@ class OptunaPruning(pl.Callback):
             self.pruned_at_epoch = epoch
             storage = self._storage
             _retry_locked(
-                lambda: storage.set_trial_system_attr(self._trial_id, PRUNED_AT_EPOCH_ATTR, epoch)
+                lambda: storage.set_trial_system_attr(
+                    self._trial_id, env_vars.PRUNED_AT_EPOCH_ATTR, epoch
+                )
             )
         return True
 
@@ -177,7 +167,7 @@ class OptunaPruning(pl.Callback):
         metrics = trainer.callback_metrics
         if self.monitor not in metrics:
             raise FurcateConfigError(
-                MONITOR_VAR,
+                env_vars.OPTUNA_MONITOR,
                 self.monitor,
                 f"not in trainer.callback_metrics after validation; available: {sorted(metrics)}",
                 f"log {self.monitor!r} with self.log() in validation, or set "

@@ -13,10 +13,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from furcate_hydra.atomic import atomic_write_bytes
+from furcate_hydra.layout import JobPaths
 
 __all__ = ["PLOTS_DIR", "metric_families", "plot_history", "split_metric_name"]
 
-PLOTS_DIR = "plots"
+PLOTS_DIR = JobPaths.PLOTS
 
 _SPLITS = {
     "train": "train",

@@ -25,6 +25,7 @@ from pytorch_lightning.callbacks import Checkpoint
 
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.layout import JobPaths
 
 __all__ = [
     "POINTER_NAME",
@@ -38,7 +39,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-POINTER_NAME = "last.json"
+POINTER_NAME = JobPaths.CHECKPOINT_POINTER
 _FILE_RE = re.compile(r"^epoch=(\d+)\.ckpt$")
 _TMP_RE = re.compile(r"^\.epoch=\d+\.ckpt\.tmp$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")

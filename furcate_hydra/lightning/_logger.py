@@ -16,7 +16,8 @@ from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 from pytorch_lightning.loggers import MLFlowLogger
 from pytorch_lightning.utilities import rank_zero_only
 
-from furcate_hydra.lightning.job_env import JobEnv
+from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
+from furcate_hydra.lightning._job_env import JobEnv
 
 __all__ = ["RunBoundMLFlowLogger"]
 
@@ -52,6 +53,9 @@ class RunBoundMLFlowLogger(MLFlowLogger):
     """
 
     def __init__(self, tracking_uri: str, run_id: str, *, prefix: str = "") -> None:
+        # Before MLFlowLogger builds its client: on a database URI that loads MLflow's SQL
+        # store, which warns (in the job, the first thing to touch the store is this logger).
+        ignore_mlflow_sqlalchemy_deprecation()
         super().__init__(
             tracking_uri=tracking_uri,
             run_id=run_id,

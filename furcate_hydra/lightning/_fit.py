@@ -1,7 +1,8 @@
 """``fit``: train a LightningModule as a furcate job (resume, history, plots, MLflow run).
 
 JobEnv ──► find_resume_checkpoint(checkpoint_dir) ──► Trainer.fit(ckpt_path=...)
-             each epoch: MetricsHistory ──► history.json, AtomicCheckpoint ──► epoch=N.ckpt
+             each epoch: MetricsHistory ──► history.json, AtomicCheckpoint ──► epoch=N.ckpt,
+                         ProgressFile ──► progress.json (also every few seconds mid-epoch)
 after fit: plots/*.png, final.ckpt (hard link) ──► artifacts of the job's run (if recording)
 """
 
@@ -19,21 +20,23 @@ from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import Logger
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.lightning.checkpoint import (
+from furcate_hydra.layout import JobPaths
+from furcate_hydra.lightning._checkpoint import (
     AtomicCheckpoint,
     find_resume_checkpoint,
     read_pointer,
 )
-from furcate_hydra.lightning.history import MetricsHistory, scalar_metrics
-from furcate_hydra.lightning.job_env import JobEnv
-from furcate_hydra.lightning.logger import RunBoundMLFlowLogger
-from furcate_hydra.lightning.plots import PLOTS_DIR, plot_history
-from furcate_hydra.lightning.pruning import OptunaPruning
+from furcate_hydra.lightning._history import MetricsHistory, scalar_metrics
+from furcate_hydra.lightning._job_env import JobEnv
+from furcate_hydra.lightning._logger import RunBoundMLFlowLogger
+from furcate_hydra.lightning._plots import PLOTS_DIR, plot_history
+from furcate_hydra.lightning._progress import ProgressFile
+from furcate_hydra.lightning._pruning import OptunaPruning
 
 __all__ = ["CHECKPOINT_ARTIFACT_DIR", "FINAL_CHECKPOINT_NAME", "FitResult", "fit"]
 
-FINAL_CHECKPOINT_NAME = "final.ckpt"
-CHECKPOINT_ARTIFACT_DIR = "checkpoints"
+FINAL_CHECKPOINT_NAME = JobPaths.FINAL_CHECKPOINT
+CHECKPOINT_ARTIFACT_DIR = JobPaths.CHECKPOINTS
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def fit(
         **options,
         logger=logger,
         # history first: the row of an epoch must be in the checkpoint saved for that epoch
-        callbacks=[history, checkpoint, *user_callbacks],
+        callbacks=[history, checkpoint, ProgressFile(env.paths.progress), *user_callbacks],
         # False would make Lightning reject our Checkpoint callbacks; with them present it adds
         # no ModelCheckpoint of its own
         enable_checkpointing=True,
@@ -131,7 +134,7 @@ def fit(
         plots = plot_history(history.rows, env.output_dir)
         final = checkpoint.last_saved or resume
         if final is not None:
-            kept = _link_or_copy(final, env.output_dir / FINAL_CHECKPOINT_NAME)
+            kept = _link_or_copy(final, env.paths.final_checkpoint)
         if env.tracking_uri is not None and env.run_id is not None:  # env.recording
             _log_artifacts(MlflowClient(env.tracking_uri), env.run_id, history_path, plots, kept)
     return FitResult(

@@ -14,10 +14,11 @@ from pytorch_lightning.callbacks import Checkpoint
 from pytorch_lightning.utilities import rank_zero_warn
 
 from furcate_hydra.atomic import atomic_write_bytes
+from furcate_hydra.layout import JobPaths
 
 __all__ = ["HISTORY_NAME", "MetricsHistory", "Row", "scalar_metrics"]
 
-HISTORY_NAME = "history.json"
+HISTORY_NAME = JobPaths.HISTORY
 
 Row = dict[str, float | int]
 

@@ -1,0 +1,56 @@
+"""Ctrl-C and SIGTERM in the launcher's process: a KeyboardInterrupt that is never lost.
+
+Python raises KeyboardInterrupt wherever the main thread is when SIGINT arrives. Raised inside a
+weakref callback or a ``__del__`` (frequent while the launcher imports and unpickles during the
+fork server's warm-up), it is printed as "Exception ignored" and lost, and the sweep runs on.
+The handler here also remembers the signal, and ``check()`` raises it again at the launcher's
+next safe point: its waits for the fork server, its submits.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+__all__ = ["check", "install", "received", "restore"]
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []
+_previous: dict[int, Any] = {}
+
+
+def install() -> None:
+    """Handle SIGINT and SIGTERM here until ``restore``; from the main thread only (elsewhere
+    Python delivers no signal, and the caller's handlers stay)."""
+    if threading.current_thread() is not threading.main_thread() or _previous:
+        return
+    _received.clear()
+    for signum in _SIGNALS:
+        _previous[signum] = signal.signal(signum, _handle)
+
+
+def restore() -> None:
+    """Put back the handlers ``install`` replaced (from the main thread: only it may)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    while _previous:
+        signum, handler = _previous.popitem()
+        signal.signal(signum, handler)
+
+
+def received() -> int | None:
+    """The first signal received since ``install``, if any."""
+    return _received[0] if _received else None
+
+
+def check() -> None:
+    """Raise the KeyboardInterrupt of a signal received before, if Python lost it."""
+    if _received:
+        raise KeyboardInterrupt(f"received {signal.Signals(_received[0]).name}")
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    raise KeyboardInterrupt(f"received {signal.Signals(signum).name}")

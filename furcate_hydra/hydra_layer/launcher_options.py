@@ -1,0 +1,116 @@
+"""``hydra.launcher`` for furcate, validated once into typed options for the slots, pool and store.
+
+Every key is read as given: ``with_defaults`` filled the ones a caller left out from the
+launcher's config dataclass, the one place defaults live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import ListConfig
+
+from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
+from furcate_hydra.execution.local_pool import PoolOptions
+from furcate_hydra.execution.slots import SlotOptions
+from furcate_hydra.hydra_layer.options import as_option_error, plain
+from furcate_hydra.store import CodeChange, Rerun
+
+__all__ = ["LauncherOptions", "StoreOptions"]
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """``hydra.launcher.mlflow`` with ``rerun`` and ``fingerprint_ignore``."""
+
+    enabled: bool
+    tracking_uri: str | None
+    experiment_name: str | None
+    heartbeat_s: float
+    stale_after_s: float
+    sqlite_wal: bool
+    rerun: Rerun
+    code_change: CodeChange
+    fingerprint_ignore: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> StoreOptions:
+        mlflow = plain(options["mlflow"])
+        ignore = name_list(
+            "hydra.launcher.fingerprint_ignore",
+            plain(options["fingerprint_ignore"]),
+            "dotted config keys",
+            "hydra.launcher.fingerprint_ignore=[data_dir,num_workers]",
+        )
+        return cls(
+            enabled=bool(mlflow["enabled"]),
+            tracking_uri=mlflow["tracking_uri"] or None,
+            experiment_name=mlflow["experiment_name"] or None,
+            heartbeat_s=_seconds(mlflow, "heartbeat_s", 10),
+            stale_after_s=_seconds(mlflow, "stale_after_s", 60),
+            sqlite_wal=bool(mlflow["sqlite_wal"]),
+            rerun=Rerun.parse(options["rerun"]),
+            code_change=CodeChange.parse(options["code_change"]),
+            fingerprint_ignore=ignore,
+        )
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """Everything ``hydra.launcher`` says, checked before anything starts."""
+
+    slots: SlotOptions
+    pool: PoolOptions
+    store: StoreOptions
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
+        """Raises OptionError naming the key, the value and the fix."""
+        try:
+            return cls(_slot_options(options), _pool_options(options), StoreOptions.parse(options))
+        except FurcateConfigError as exc:
+            raise as_option_error(exc) from None
+
+
+def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
+    gpus = options["gpus"]
+    if isinstance(gpus, ListConfig | tuple):
+        gpus = list(gpus)  # the slot planner validates the entries and says what is wrong
+    return SlotOptions(
+        gpus=gpus,
+        jobs_per_gpu=options["jobs_per_gpu"],
+        gpu_mem_per_job_gb=options["gpu_mem_per_job_gb"],
+        max_jobs_per_gpu=options["max_jobs_per_gpu"],
+        max_workers=options["max_workers"],
+        cpus_per_job=options["cpus_per_job"],
+        allow_cpu=options["allow_cpu"],
+    )
+
+
+def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
+    max_retries = options["max_retries"]
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise FurcateConfigError(
+            "hydra.launcher.max_retries",
+            max_retries,
+            "must be a whole number of retries, 0 or more",
+            "set hydra.launcher.max_retries=0 (no retries) or a positive count such as 2",
+        )
+    preload = name_list(
+        "hydra.launcher.preload",
+        plain(options["preload"]),
+        "module names",
+        "hydra.launcher.preload=[torch,pytorch_lightning] (or [] to preload nothing)",
+    )
+    return PoolOptions(
+        max_retries=max_retries,
+        preload=preload,
+        echo_output=bool(options["echo_output"]),
+        stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),
+    )
+
+
+def _seconds(mlflow: Mapping[str, Any], key: str, example: float) -> float:
+    return positive_seconds(f"hydra.launcher.mlflow.{key}", mlflow[key], example)

@@ -1,0 +1,33 @@
+"""Warnings of the libraries we use that say nothing a furcate user can act on.
+
+Each is ignored by a filter as narrow as the warning: its message, its category, and the module
+that raises it, so the same deprecation anywhere else (in a user's own code, say) still shows.
+A filter is installed right before the code that would raise the warning, not at import time.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+__all__ = ["ignore_mlflow_sqlalchemy_deprecation"]
+
+
+def ignore_mlflow_sqlalchemy_deprecation() -> None:
+    """Ignore SQLAlchemy 2.1's ``noload`` deprecation, raised once by MLflow's SQL store.
+
+    MLflow's ``sqlalchemy_store`` configures its ORM mappers when it is imported (by any
+    ``MlflowClient`` on a database URI), and one of its relationships uses ``lazy="noload"``.
+    Nothing of ours uses that loader, and MLflow has to drop it; until then the warning makes
+    every run under ``-W error::DeprecationWarning`` (or a suite that runs with it) fail.
+    Call this before building an ``MlflowClient``; calling it again changes nothing.
+    """
+    try:
+        from sqlalchemy.exc import SADeprecationWarning
+    except ImportError:  # no SQLAlchemy: no SQL store, and no such warning
+        return
+    warnings.filterwarnings(
+        "ignore",
+        message=r"The ``noload`` loader strategy is deprecated",
+        category=SADeprecationWarning,
+        module=r"mlflow\.store\.tracking\.sqlalchemy_store$",
+    )

@@ -1,0 +1,153 @@
+"""The import rules of ARCHITECTURE.md, checked on the source and on a real plugin scan."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "pytorch_lightning", "mlflow", "optuna", "matplotlib")
+HYDRA = ("hydra", "omegaconf")
+# Modules at the package's top, shared by every layer.
+SHARED = (
+    "furcate_hydra.errors",
+    "furcate_hydra.atomic",
+    "furcate_hydra.layout",
+    "furcate_hydra.progress",
+    "furcate_hydra.known_warnings",
+)
+ENV_VARS = "furcate_hydra.env_vars"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the modules under ``folder`` may import of the project, and may not import at all."""
+
+    folder: str
+    project: tuple[str, ...]  # allowed prefixes of furcate_hydra / hydra_plugins modules
+    forbidden: tuple[str, ...]  # third-party top-level packages
+
+
+RULES = (
+    Rule("furcate_hydra/execution", (*SHARED, "furcate_hydra.execution"), (*HYDRA, *HEAVY)),
+    Rule("furcate_hydra/sweeping", (*SHARED, "furcate_hydra.sweeping"), (*HYDRA, *HEAVY)),
+    Rule("furcate_hydra/store", (*SHARED, "furcate_hydra.store"), (*HYDRA, "torch", "optuna")),
+    Rule("furcate_hydra/tuning", (*SHARED, ENV_VARS, "furcate_hydra.tuning"), (*HYDRA, "torch")),
+    Rule(
+        "furcate_hydra/lightning",
+        (*SHARED, ENV_VARS, "furcate_hydra.lightning", "furcate_hydra.tuning"),
+        HYDRA,
+    ),
+    Rule(
+        "furcate_hydra/hydra_layer",
+        (
+            *SHARED,
+            ENV_VARS,
+            "furcate_hydra.execution",
+            "furcate_hydra.store",
+            "furcate_hydra.sweeping",
+            "furcate_hydra.tuning",
+            "furcate_hydra.hydra_layer",
+        ),
+        ("torch", "pytorch_lightning"),
+    ),
+)
+PLUGINS = ("furcate_launcher", "furcate_sweeper", "furcate_optuna_sweeper")
+
+
+def imports(path: Path) -> Iterator[str]:
+    """Every absolute import of a module, at its top or inside functions."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+            if node.module == "furcate_hydra":  # from furcate_hydra import env_vars
+                yield from (f"furcate_hydra.{alias.name}" for alias in node.names)
+
+
+def project(name: str) -> bool:
+    return name.split(".")[0] in ("furcate_hydra", "hydra_plugins")
+
+
+def within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return name == "furcate_hydra" or any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def violations(folder: str, allowed: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in sorted((REPO / folder).rglob("*.py")):
+        for name in imports(path):
+            where = path.relative_to(REPO)
+            if (project(name) and not within(name, allowed)) or name.split(".")[0] in forbidden:
+                found.append(f"{where} imports {name}")
+    return found
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.folder)
+def test_each_layer_imports_only_what_it_may(rule: Rule) -> None:
+    assert violations(rule.folder, rule.project, rule.forbidden) == []
+
+
+def test_the_shared_modules_import_no_layer_and_no_hydra() -> None:
+    found = []
+    for path in sorted((REPO / "furcate_hydra").glob("*.py")):
+        for name in imports(path):
+            if (project(name) and not within(name, SHARED)) or name.split(".")[0] in (
+                *HYDRA,
+                *HEAVY,
+            ):
+                found.append(f"{path.name} imports {name}")
+    assert found == []
+
+
+@pytest.mark.parametrize("plugin", PLUGINS)
+def test_a_plugin_uses_the_hydra_layer_not_another_plugin_nor_the_executor(plugin: str) -> None:
+    allowed = (
+        *SHARED,
+        ENV_VARS,
+        "furcate_hydra.hydra_layer",
+        "furcate_hydra.store",
+        "furcate_hydra.sweeping",
+        "furcate_hydra.tuning",
+        f"hydra_plugins.{plugin}",
+    )
+    assert violations(f"hydra_plugins/{plugin}", allowed, ("torch", "pytorch_lightning")) == []
+
+
+@pytest.mark.parametrize("plugin", PLUGINS)
+def test_a_plugins_config_imports_only_hydras_config_store(plugin: str) -> None:
+    config = REPO / "hydra_plugins" / plugin / "config.py"
+    allowed = {"dataclasses", "typing", "hydra.core.config_store", "omegaconf"}
+    assert set(imports(config)) <= allowed
+
+
+def test_hydra_has_no_plugin_namespace_init() -> None:
+    # hydra_plugins is a namespace package shared with every other Hydra plugin installed
+    assert not (REPO / "hydra_plugins" / "__init__.py").exists()
+
+
+def test_hydras_plugin_scan_loads_no_heavy_library() -> None:
+    """Hydra imports every plugin module at every app start: they must stay cheap."""
+    code = (
+        "import sys\n"
+        "from hydra.core.plugins import Plugins\n"
+        "from hydra.plugins.launcher import Launcher\n"
+        "from hydra.plugins.sweeper import Sweeper\n"
+        "found = [Plugins.instance().discover(t) for t in (Launcher, Sweeper)]\n"
+        "names = {c.__name__ for kind in found for c in kind}\n"
+        "print(sorted(n for n in names if n.startswith('Furcate')))\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    found, heavy = done.stdout.splitlines()[-2:]
+    assert found == "['FurcateLauncher', 'FurcateOptunaSweeper', 'FurcateSweeper']"
+    assert heavy == "[]"
