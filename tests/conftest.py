@@ -1,4 +1,5 @@
-"""Shared helpers: run the probe app through the real CLI, or drive the launcher in-process."""
+"""Shared helpers: run the test apps through the real CLI, or drive the launcher and the Optuna
+sweeper in-process."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, RunMode
+from omegaconf import OmegaConf
 
 APPS = Path(__file__).parent / "apps"
 REPO = Path(__file__).parent.parent
@@ -157,6 +159,66 @@ class LaunchJobs:
     def close(self) -> None:
         for launcher in self.launchers:
             launcher.close()
+
+
+class RunStudy:
+    """``optuna_app.py -m <overrides>`` run by Hydra in this process: Hydra's multirun with the
+    real furcate_optuna sweeper, launcher, fork server, job processes and stores, without an
+    interpreter of its own (as ``run_optuna_study`` runs it, in the working directory).
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.task_function = importlib.import_module("optuna_app").main.__wrapped__
+
+    def __call__(self, *overrides: str, sweep: str = "sweep") -> Any:
+        """The sweep's returns; raises what the CLI would report."""
+        GlobalHydra.instance().clear()
+        hydra = Hydra.create_main_hydra2(
+            task_name="optuna_app", config_search_path=create_config_search_path(str(APPS / "conf"))
+        )
+        # Hydra.multirun, keeping hold of the sweeper to stop its launcher at the end, as the
+        # CLI's process does when it exits
+        config = hydra.compose_config(
+            "optuna",
+            [f"hydra.sweep.dir={self.tmp_path / sweep}", *overrides],
+            run_mode=RunMode.MULTIRUN,
+            with_log_configuration=False,
+        )
+        callbacks = Callbacks(config)
+        callbacks.on_multirun_start(config=config, config_name="optuna")
+        sweeper = Plugins.instance().instantiate_sweeper(
+            config=config,
+            hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+            task_function=self.task_function,
+        )
+        task_overrides = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+        assert isinstance(task_overrides, list)
+        try:
+            returns = sweeper.sweep(arguments=task_overrides)
+        finally:
+            launcher = getattr(sweeper, "launcher", None)
+            if launcher is not None and hasattr(launcher, "close"):
+                launcher.close()
+            GlobalHydra.instance().clear()
+        callbacks.on_multirun_end(config=config, config_name="optuna")
+        return returns
+
+
+@pytest.fixture
+def run_study_in_process(
+    tmp_path: Path,
+    hydra_restore_singletons: Any,
+    mlflow_store: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[RunStudy]:
+    """Runs record into the test's own store; the study goes to optuna.db in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    sys.path.insert(0, str(APPS))  # the fork server inherits sys.path and imports optuna_app
+    try:
+        yield RunStudy(tmp_path)
+    finally:
+        sys.path.remove(str(APPS))
 
 
 @pytest.fixture

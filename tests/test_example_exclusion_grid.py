@@ -6,6 +6,8 @@ import itertools
 import re
 from pathlib import Path
 
+import pytest
+
 from furcate_hydra.store import Tags
 from tests.conftest import REPO, run_cli
 from tests.store_helpers import job_runs
@@ -34,6 +36,7 @@ def parse_overrides(text: str) -> Combo:
     return values["optimizer"], float(values["learning_rate"]), int(values["batch_size"])
 
 
+@pytest.mark.slow  # the example's 25 Lightning jobs
 def test_exclusion_grid_runs_the_25_configs_left(tmp_path: Path, mlflow_store: str) -> None:
     # The job processes inherit MLFLOW_TRACKING_URI (the test's own store) from this process.
     result = run_cli(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from mlflow.tracking import MlflowClient
+import pytest
 from omegaconf import OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 
@@ -29,9 +29,12 @@ def reported_epochs(trial: FrozenTrial) -> list[int]:
     return sorted(trial.intermediate_values)
 
 
+@pytest.mark.slow  # the example's 12 Lightning trials
 def test_optuna_pruning_stops_the_bad_trials(tmp_path: Path, mlflow_store: str) -> None:
     # The job processes inherit MLFLOW_TRACKING_URI (the test's own store) from this process;
     # the study goes to the default storage, optuna.db in the working directory.
+    from mlflow.tracking import MlflowClient
+
     sweep_dir = tmp_path / "sweep"
     result = run_cli(
         EXAMPLE,

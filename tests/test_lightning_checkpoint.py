@@ -1,6 +1,7 @@
 """AtomicCheckpoint and resume: real Lightning fits of a tiny model on random tensors.
 
-The tiny model and loaders here are shared with the other ``test_lightning_*`` modules.
+The tiny model and loaders are in ``lightning_helpers``, shared with the other
+``test_lightning_*`` modules; torch and Lightning are imported by the tests that use them.
 """
 
 from __future__ import annotations
@@ -13,111 +14,18 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, TypedDict
 
 import pytest
-import pytorch_lightning as pl
-import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.lightning import (
-    AtomicCheckpoint,
-    CheckpointCorruptWarning,
-    FitResult,
-    JobEnv,
-    fit,
-)
-from furcate_hydra.lightning._checkpoint import (
-    POINTER_NAME,
-    final_checkpoint,
-    find_resume_checkpoint,
-    read_pointer,
-)
 from furcate_hydra.progress import read_progress
-
-BATCHES_PER_EPOCH = 4
-OPTIONS: dict[str, Any] = {
-    "accelerator": "cpu",
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-}
-
-
-class TinyModule(pl.LightningModule):
-    """One linear layer; records which epochs it trained, logs an epoch metric in its hook."""
-
-    def __init__(self, learning_rate: float = 0.05, hidden: int = 8, tag: str = "tiny") -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.layer = torch.nn.Linear(4, 1)
-        self.learning_rate = learning_rate
-        self.epochs_run: list[int] = []
-        self.fail_at_epoch: int | None = None
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        if self.current_epoch == self.fail_at_epoch:
-            raise RuntimeError("planned failure")
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.layer(x), y)
-        self.log("train_loss", loss, on_step=True, on_epoch=True)
-        return loss
-
-    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
-
-    def on_train_epoch_start(self) -> None:
-        self.epochs_run.append(self.current_epoch)
-
-    def on_train_epoch_end(self) -> None:
-        # logged after the plain callbacks ran: MetricsHistory must still see it this epoch
-        self.log("epoch_marker", float(self.current_epoch))
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.learning_rate)
-
-
-class Loaders(TypedDict):
-    train_dataloaders: DataLoader[tuple[torch.Tensor, ...]]
-    val_dataloaders: DataLoader[tuple[torch.Tensor, ...]]
-
-
-def loaders() -> Loaders:
-    """32 random rows: four training batches and two validation batches per epoch."""
-    generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randn(32, 1))
-    return {
-        "train_dataloaders": DataLoader(data, batch_size=32 // BATCHES_PER_EPOCH),
-        "val_dataloaders": DataLoader(data, batch_size=16),
-    }
-
-
-def run_fit(
-    env: JobEnv, max_epochs: int, model: TinyModule | None = None, **options: Any
-) -> tuple[TinyModule, FitResult]:
-    model = model or TinyModule()
-    result = fit(
-        model,
-        **loaders(),
-        trainer_options={**OPTIONS, "max_epochs": max_epochs, **options},
-        env=env,
-    )
-    return model, result
-
-
-def standalone_env(root: Path, checkpoint_dir: Path | None = None) -> JobEnv:
-    out = root / "out"
-    return JobEnv(out, checkpoint_dir or out / "checkpoints")
-
-
-def history_epochs(path: Path) -> list[int]:
-    return [row["epoch"] for row in json.loads(path.read_text())]
 
 
 @pytest.fixture(scope="module")
 def one_epoch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint dir after one epoch; tests copy it rather than train again."""
+    from tests.lightning_helpers import run_fit, standalone_env
+
     env = standalone_env(tmp_path_factory.mktemp("one_epoch"))
     run_fit(env, max_epochs=1)
     return env.checkpoint_dir
@@ -130,6 +38,15 @@ def copy_of(source: Path, tmp_path: Path) -> Path:
 
 
 def test_pointer_names_newest_verified_file_and_only_keep_remain(tmp_path: Path) -> None:
+    import torch
+
+    from furcate_hydra.lightning._checkpoint import (
+        POINTER_NAME,
+        final_checkpoint,
+        find_resume_checkpoint,
+    )
+    from tests.lightning_helpers import BATCHES_PER_EPOCH, run_fit, standalone_env
+
     env = standalone_env(tmp_path)
     _, result = run_fit(env, max_epochs=3)
 
@@ -156,6 +73,9 @@ def test_pointer_names_newest_verified_file_and_only_keep_remain(tmp_path: Path)
 
 
 def test_resume_runs_only_the_remaining_epochs(tmp_path: Path) -> None:
+    from furcate_hydra.lightning._checkpoint import read_pointer
+    from tests.lightning_helpers import history_epochs, run_fit, standalone_env
+
     first_env = standalone_env(tmp_path / "first", checkpoint_dir=tmp_path / "run-ckpt")
     first, _ = run_fit(first_env, max_epochs=2)
     assert first.epochs_run == [0, 1]
@@ -177,6 +97,10 @@ def test_resume_runs_only_the_remaining_epochs(tmp_path: Path) -> None:
 def test_corrupt_checkpoint_warns_and_fit_starts_from_scratch(
     damage: str, one_epoch_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import read_pointer
+    from tests.lightning_helpers import run_fit, standalone_env
+
     checkpoint_dir = copy_of(one_epoch_dir, tmp_path)
     bad = checkpoint_dir / "epoch=0000.ckpt"
     if damage == "garbage":
@@ -199,6 +123,9 @@ def test_corrupt_checkpoint_warns_and_fit_starts_from_scratch(
 
 
 def test_missing_file_named_by_pointer_warns(one_epoch_dir: Path, tmp_path: Path) -> None:
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import final_checkpoint, find_resume_checkpoint
+
     checkpoint_dir = copy_of(one_epoch_dir, tmp_path)
     missing = checkpoint_dir / "epoch=0000.ckpt"
     missing.unlink()
@@ -217,6 +144,13 @@ def test_missing_file_named_by_pointer_warns(one_epoch_dir: Path, tmp_path: Path
     ],
 )
 def test_bad_pointer_warns(content: bytes, why: str, one_epoch_dir: Path, tmp_path: Path) -> None:
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import (
+        POINTER_NAME,
+        find_resume_checkpoint,
+        read_pointer,
+    )
+
     checkpoint_dir = copy_of(one_epoch_dir, tmp_path)
     pointer = checkpoint_dir / POINTER_NAME
     pointer.write_bytes(content)
@@ -227,6 +161,9 @@ def test_bad_pointer_warns(content: bytes, why: str, one_epoch_dir: Path, tmp_pa
 
 
 def test_checkpoints_without_pointer_warn(one_epoch_dir: Path, tmp_path: Path) -> None:
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import POINTER_NAME, find_resume_checkpoint
+
     checkpoint_dir = copy_of(one_epoch_dir, tmp_path)
     (checkpoint_dir / POINTER_NAME).unlink()
     with pytest.warns(CheckpointCorruptWarning, match=r"missing.*epoch=0000\.ckpt"):
@@ -234,6 +171,8 @@ def test_checkpoints_without_pointer_warn(one_epoch_dir: Path, tmp_path: Path) -
 
 
 def test_fresh_dir_is_silent(tmp_path: Path) -> None:
+    from furcate_hydra.lightning._checkpoint import find_resume_checkpoint
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert find_resume_checkpoint(tmp_path / "never-created") is None
@@ -243,6 +182,10 @@ def test_fresh_dir_is_silent(tmp_path: Path) -> None:
 
 def test_restart_from_scratch_never_prunes_the_pointed_file(tmp_path: Path) -> None:
     # files from an earlier, unverifiable attempt carry higher epoch numbers than the new ones
+    from furcate_hydra.lightning import CheckpointCorruptWarning
+    from furcate_hydra.lightning._checkpoint import find_resume_checkpoint
+    from tests.lightning_helpers import run_fit, standalone_env
+
     checkpoint_dir = tmp_path / "checkpoints"
     checkpoint_dir.mkdir()
     stale = checkpoint_dir / "epoch=0007.ckpt"
@@ -258,11 +201,15 @@ def test_restart_from_scratch_never_prunes_the_pointed_file(tmp_path: Path) -> N
 
 
 def test_keep_must_be_positive(tmp_path: Path) -> None:
+    from furcate_hydra.lightning import AtomicCheckpoint
+
     with pytest.raises(FurcateConfigError, match=r"keep=0"):
         AtomicCheckpoint(tmp_path, keep=0)
 
 
 def test_fit_keeps_the_jobs_progress_file_current(tmp_path: Path) -> None:
+    from tests.lightning_helpers import BATCHES_PER_EPOCH, run_fit, standalone_env
+
     env = standalone_env(tmp_path)
     _, result = run_fit(env, max_epochs=2)
     progress = read_progress(env.paths.progress)

@@ -7,15 +7,15 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from mlflow.entities import RunStatus
-from mlflow.tracking import MlflowClient
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.lightning import JobEnv, fit
-from tests.test_lightning_checkpoint import OPTIONS, TinyModule, loaders, run_fit
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 ALL_VARS = (
     env_vars.TRACKING_URI,
@@ -36,6 +36,8 @@ class Store:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     """One sqlite store for the module: creating one runs the migrations (~1.5 s)."""
+    from mlflow.tracking import MlflowClient
+
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root}/mlflow.db"
     client = MlflowClient(uri)
@@ -66,6 +68,11 @@ def launched(
 def test_fit_records_into_the_launchers_run_and_leaves_it_running(
     store: Store, launched: tuple[str, Path]
 ) -> None:
+    from mlflow.entities import RunStatus
+
+    from furcate_hydra.lightning import JobEnv
+    from tests.lightning_helpers import run_fit
+
     run_id, out = launched
     runs_before = len(store.client.search_runs([store.experiment_id]))
 
@@ -99,6 +106,11 @@ def test_fit_records_into_the_launchers_run_and_leaves_it_running(
 def test_failed_fit_leaves_the_run_to_the_launcher(
     store: Store, launched: tuple[str, Path]
 ) -> None:
+    from mlflow.entities import RunStatus
+
+    from furcate_hydra.lightning import JobEnv
+    from tests.lightning_helpers import TinyModule, run_fit
+
     run_id, _ = launched
     model = TinyModule()
     model.fail_at_epoch = 1
@@ -112,12 +124,17 @@ def test_failed_fit_leaves_the_run_to_the_launcher(
     ("key", "value"), [("logger", False), ("enable_checkpointing", False), ("callbacks", "x")]
 )
 def test_options_fit_owns_are_rejected(key: str, value: object, tmp_path: Path) -> None:
+    from furcate_hydra.lightning import JobEnv, fit
+    from tests.lightning_helpers import OPTIONS, TinyModule, loaders
+
     env = JobEnv(tmp_path, tmp_path / "checkpoints")
     with pytest.raises(FurcateConfigError, match=rf"trainer_options\.{key}="):
         fit(TinyModule(), **loaders(), trainer_options={**OPTIONS, key: value}, env=env)
 
 
 def test_job_env_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from furcate_hydra.lightning import JobEnv
+
     monkeypatch.chdir(tmp_path)
     env = JobEnv.from_environ({})
     assert env == JobEnv(tmp_path, tmp_path / "checkpoints", None, None, None)
@@ -129,6 +146,8 @@ def test_job_env_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_job_env_explicit_values(tmp_path: Path) -> None:
+    from furcate_hydra.lightning import JobEnv
+
     env = JobEnv.from_environ(
         {
             env_vars.TRACKING_URI: "http://127.0.0.1:5000",
@@ -146,6 +165,8 @@ def test_job_env_explicit_values(tmp_path: Path) -> None:
 
 
 def test_run_id_without_tracking_uri_is_not_recording(caplog: pytest.LogCaptureFixture) -> None:
+    from furcate_hydra.lightning import JobEnv
+
     with caplog.at_level(logging.WARNING):
         env = JobEnv.from_environ({env_vars.RUN_ID: "abc123"})
     assert not env.recording
@@ -153,6 +174,8 @@ def test_run_id_without_tracking_uri_is_not_recording(caplog: pytest.LogCaptureF
 
 
 def test_job_env_reads_os_environ_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from furcate_hydra.lightning import JobEnv
+
     for name in ALL_VARS:
         monkeypatch.delenv(name, raising=False)
     assert not JobEnv.from_environ().recording

@@ -6,24 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
-import torch
-
-from furcate_hydra.lightning import AtomicCheckpoint, MetricsHistory
-from furcate_hydra.lightning._plots import metric_families, plot_history, split_metric_name
-from tests.test_lightning_checkpoint import (
-    BATCHES_PER_EPOCH,
-    OPTIONS,
-    TinyModule,
-    loaders,
-    run_fit,
-    standalone_env,
-)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_rows_are_per_epoch_and_travel_in_each_checkpoint(tmp_path: Path) -> None:
+    import torch
+
+    from tests.lightning_helpers import BATCHES_PER_EPOCH, run_fit, standalone_env
+
     env = standalone_env(tmp_path)
     _, result = run_fit(env, max_epochs=3, check_val_every_n_epoch=2)
     rows = json.loads(result.history_path.read_text())
@@ -45,6 +36,11 @@ def test_rows_are_per_epoch_and_travel_in_each_checkpoint(tmp_path: Path) -> Non
 
 
 def test_history_listed_after_a_checkpoint_warns(tmp_path: Path) -> None:
+    import pytorch_lightning as pl
+
+    from furcate_hydra.lightning import AtomicCheckpoint, MetricsHistory
+    from tests.lightning_helpers import OPTIONS, TinyModule, loaders
+
     history = MetricsHistory(tmp_path)
     trainer = pl.Trainer(
         **OPTIONS,
@@ -58,6 +54,8 @@ def test_history_listed_after_a_checkpoint_warns(tmp_path: Path) -> None:
 
 
 def test_state_dict_round_trip(tmp_path: Path) -> None:
+    from furcate_hydra.lightning import MetricsHistory
+
     history = MetricsHistory(tmp_path)
     history.load_state_dict({"rows": [{"epoch": 0, "step": 4, "loss": 1.5}]})
     assert history.state_dict() == {"rows": [{"epoch": 0, "step": 4, "loss": 1.5}]}
@@ -80,10 +78,14 @@ def test_state_dict_round_trip(tmp_path: Path) -> None:
     ],
 )
 def test_split_metric_name(name: str, family: str, split: str | None) -> None:
+    from furcate_hydra.lightning._plots import split_metric_name
+
     assert split_metric_name(name) == (family, split)
 
 
 def test_families_pair_train_with_val() -> None:
+    from furcate_hydra.lightning._plots import metric_families
+
     names = ["val_loss", "train_loss", "train/acc", "val/acc", "lr", "train_loss_epoch"]
     assert metric_families(names) == {
         "acc": {"train": "train/acc", "val": "val/acc"},
@@ -93,6 +95,8 @@ def test_families_pair_train_with_val() -> None:
 
 
 def test_one_png_per_family(tmp_path: Path) -> None:
+    from furcate_hydra.lightning._plots import plot_history
+
     rows = [
         {"epoch": 0, "step": 4, "train_loss": 1.0, "val_loss": 1.2, "train/acc": 0.5, "lr": 0.1},
         {"epoch": 1, "step": 8, "train_loss": 0.8, "train/acc": 0.6, "val/acc": 0.55, "lr": 0.1},
@@ -108,11 +112,15 @@ def test_one_png_per_family(tmp_path: Path) -> None:
 
 
 def test_fit_plots_train_and_val_loss_together(tmp_path: Path) -> None:
+    from tests.lightning_helpers import run_fit, standalone_env
+
     _, result = run_fit(standalone_env(tmp_path), max_epochs=2)
     assert [p.name for p in result.plot_paths] == ["epoch_marker.png", "loss.png"]
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in result.plot_paths)
 
 
 def test_nothing_to_plot(tmp_path: Path) -> None:
+    from furcate_hydra.lightning._plots import plot_history
+
     assert plot_history([{"epoch": 0, "step": 0}], tmp_path) == []
     assert not (tmp_path / "plots").exists()

@@ -14,9 +14,7 @@ import pytest
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.lightning import OptunaPruning
 from furcate_hydra.tuning.pruners import pruner_from_spec
-from tests.test_lightning_checkpoint import run_fit, standalone_env
 
 STUDY = "sweep"
 MEDIAN = optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
@@ -46,6 +44,9 @@ def stored_trial(url: str, number: int) -> optuna.trial.FrozenTrial:
 
 def test_a_trial_worse_than_the_median_stops_early_and_says_so(tmp_path: Path) -> None:
     # the tiny model's val_loss on random targets is ~1, far worse than 0.001
+    from furcate_hydra.lightning import OptunaPruning
+    from tests.lightning_helpers import run_fit, standalone_env
+
     url, number = study_with_one_complete_trial(tmp_path, intermediate=0.001)
     pruning = OptunaPruning(url, STUDY, number, "val_loss", pruner=MEDIAN)
 
@@ -66,6 +67,9 @@ def test_a_trial_worse_than_the_median_stops_early_and_says_so(tmp_path: Path) -
 
 
 def test_a_good_trial_runs_every_epoch(tmp_path: Path) -> None:
+    from furcate_hydra.lightning import OptunaPruning
+    from tests.lightning_helpers import run_fit, standalone_env
+
     url, number = study_with_one_complete_trial(tmp_path, intermediate=1e6)
     pruning = OptunaPruning(url, STUDY, number, "val_loss", pruner=MEDIAN)
 
@@ -81,6 +85,9 @@ def test_a_good_trial_runs_every_epoch(tmp_path: Path) -> None:
 
 
 def test_a_missing_metric_names_it_and_the_available_ones(tmp_path: Path) -> None:
+    from furcate_hydra.lightning import OptunaPruning
+    from tests.lightning_helpers import run_fit, standalone_env
+
     url, number = study_with_one_complete_trial(tmp_path, intermediate=1.0)
     pruning = OptunaPruning(url, STUDY, number, "val_acc")
     with pytest.raises(FurcateConfigError, match=r"val_acc.*available: \[.*'val_loss'"):
@@ -88,6 +95,8 @@ def test_a_missing_metric_names_it_and_the_available_ones(tmp_path: Path) -> Non
 
 
 def test_from_environ_is_none_outside_the_optuna_sweeper() -> None:
+    from furcate_hydra.lightning import OptunaPruning
+
     assert OptunaPruning.from_environ({}) is None
     assert (
         OptunaPruning.from_environ({env_vars.OPTUNA_STORAGE: "", env_vars.OPTUNA_STUDY: ""}) is None
@@ -95,6 +104,8 @@ def test_from_environ_is_none_outside_the_optuna_sweeper() -> None:
 
 
 def test_from_environ_builds_the_callback_and_its_pruner() -> None:
+    from furcate_hydra.lightning import OptunaPruning
+
     pruning = OptunaPruning.from_environ(
         {
             env_vars.OPTUNA_STORAGE: "sqlite:///optuna.db",
@@ -130,6 +141,8 @@ def test_from_environ_builds_the_callback_and_its_pruner() -> None:
     ],
 )
 def test_from_environ_rejects_a_partial_or_bad_environment(env: dict[str, str], match: str) -> None:
+    from furcate_hydra.lightning import OptunaPruning
+
     with pytest.raises(FurcateConfigError, match=match):
         OptunaPruning.from_environ(env)
 
@@ -149,6 +162,8 @@ def test_pruner_specs() -> None:
 
 
 def test_multi_objective_studies_are_left_alone_with_one_warning(tmp_path: Path) -> None:
+    from furcate_hydra.lightning import OptunaPruning
+
     url = f"sqlite:///{tmp_path}/optuna.db"
     study = optuna.create_study(study_name=STUDY, storage=url, directions=["minimize"] * 2)
     pruning = OptunaPruning(url, STUDY, study.ask().number, "val_loss")
@@ -167,6 +182,8 @@ STEPS = 40
 
 def report_steps(url: str, number: int, start: Event) -> None:
     """One job's reporting loop, in its own process, without Lightning."""
+    from furcate_hydra.lightning import OptunaPruning
+
     pruning = OptunaPruning(url, STUDY, number, "val_loss", optuna.pruners.NopPruner())
     start.wait()
     for epoch in range(STEPS):
@@ -176,6 +193,8 @@ def report_steps(url: str, number: int, start: Event) -> None:
 def report_concurrently(url: str, numbers: list[int], exit_codes: Connection) -> None:
     """In a fresh process that imported this module once: one forked process per trial, as
     the launcher's fork server forks jobs, all let go at once; sends back their exit codes."""
+    import furcate_hydra.lightning._pruning  # noqa: F401  # loaded here, before the forks
+
     context = multiprocessing.get_context("fork")
     start = context.Event()
     jobs = [context.Process(target=report_steps, args=(url, n, start)) for n in numbers]

@@ -8,15 +8,16 @@ import logging
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import torch
 from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf
-from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 
-from furcate_hydra.lightning import JobEnv
+if TYPE_CHECKING:
+    from furcate_hydra.lightning import JobEnv
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,9 +41,14 @@ def _load_train() -> ModuleType:
     return module
 
 
-train = _load_train()
+@pytest.fixture(scope="module")
+def train() -> ModuleType:
+    """train.py, imported when a test here first needs it (it imports torch and Lightning)."""
+    return _load_train()
 
-RAW = {"digits": load_digits, "breast_cancer": load_breast_cancer, "wine": load_wine}
+
+# scikit-learn's loader of each bundled dataset, by name (imported by the test that loads one)
+RAW = {"digits": "load_digits", "breast_cancer": "load_breast_cancer", "wine": "load_wine"}
 # (rows, features, classes) of scikit-learn's bundled copies.
 SHAPES = {"digits": (1797, 64, 10), "breast_cancer": (569, 30, 2), "wine": (178, 13, 3)}
 
@@ -58,7 +64,9 @@ def make_cfg(**overrides: object) -> DictConfig:
 
 
 @pytest.mark.parametrize("data_name", sorted(SHAPES))
-def test_data_shapes_and_train_only_standardisation(data_name: str) -> None:
+def test_data_shapes_and_train_only_standardisation(train: ModuleType, data_name: str) -> None:
+    import torch
+
     rows, features, classes = SHAPES[data_name]
     data = train.load_data(data_name, val_fraction=0.2, seed=0)
 
@@ -73,7 +81,9 @@ def test_data_shapes_and_train_only_standardisation(data_name: str) -> None:
     assert sorted(np.concatenate([data.train_index, data.val_index]).tolist()) == list(range(rows))
 
     # Statistics recomputed here from the raw training rows must be the ones applied.
-    raw = RAW[data_name]()
+    import sklearn.datasets
+
+    raw = getattr(sklearn.datasets, RAW[data_name])()
     x = np.asarray(raw.data, dtype=np.float64)
     mean = x[data.train_index].mean(axis=0)
     std = x[data.train_index].std(axis=0)
@@ -96,7 +106,7 @@ def test_data_shapes_and_train_only_standardisation(data_name: str) -> None:
     np.testing.assert_allclose(val_share, all_share, atol=0.03)
 
 
-def test_split_depends_on_seed_only() -> None:
+def test_split_depends_on_seed_only(train: ModuleType) -> None:
     a = train.load_data("wine", val_fraction=0.2, seed=0)
     b = train.load_data("wine", val_fraction=0.2, seed=0)
     c = train.load_data("wine", val_fraction=0.2, seed=1)
@@ -104,19 +114,21 @@ def test_split_depends_on_seed_only() -> None:
     assert not np.array_equal(a.val_index, c.val_index)
 
 
-def test_unknown_data_name_is_named_in_error() -> None:
+def test_unknown_data_name_is_named_in_error(train: ModuleType) -> None:
     with pytest.raises(ValueError, match=r"data_name='mnist'.*digits, breast_cancer, wine"):
         train.load_data("mnist", val_fraction=0.2, seed=0)
 
 
-def test_unknown_optimizer_is_named_in_error() -> None:
+def test_unknown_optimizer_is_named_in_error(train: ModuleType) -> None:
     data = train.load_data("wine", val_fraction=0.2, seed=0)
     with pytest.raises(ValueError, match=r"optimizer='LBFGS'.*Adam, AdamW, SGD, Adadelta, RMSprop"):
         train.build_model(make_cfg(optimizer="LBFGS"), data)
 
 
 @pytest.mark.parametrize("name", ["Adam", "AdamW", "SGD", "Adadelta", "RMSprop"])
-def test_each_optimizer_is_built_with_config_values(name: str) -> None:
+def test_each_optimizer_is_built_with_config_values(train: ModuleType, name: str) -> None:
+    import torch
+
     data = train.load_data("wine", val_fraction=0.2, seed=0)
     cfg = make_cfg(optimizer=name, learning_rate=0.05, weight_decay=0.01, hidden_sizes=[8, 4])
     model = train.build_model(cfg, data)
@@ -128,7 +140,7 @@ def test_each_optimizer_is_built_with_config_values(name: str) -> None:
     assert logits.shape == (len(data.x_val), 3)
 
 
-def test_dataloaders_follow_config() -> None:
+def test_dataloaders_follow_config(train: ModuleType) -> None:
     data = train.load_data("wine", val_fraction=0.2, seed=0)
     loader, val_loader = train.build_dataloaders(data, batch_size=16, num_workers=0)
     assert loader.batch_size == 16 and loader.num_workers == 0
@@ -141,10 +153,12 @@ def test_dataloaders_follow_config() -> None:
 
 
 def fresh_env(directory: Path) -> JobEnv:
+    from furcate_hydra.lightning import JobEnv
+
     return JobEnv(output_dir=directory, checkpoint_dir=directory / "checkpoints")
 
 
-def test_short_training_run_beats_chance(tmp_path: Path) -> None:
+def test_short_training_run_beats_chance(train: ModuleType, tmp_path: Path) -> None:
     cfg = make_cfg(data_name="digits", epochs=2, learning_rate=1e-2, accelerator="cpu")
     acc = train.fit_and_evaluate(cfg, fresh_env(tmp_path / "a"))
     assert isinstance(acc, float)
@@ -160,7 +174,10 @@ def test_short_training_run_beats_chance(tmp_path: Path) -> None:
 
 
 def test_main_returns_and_logs_val_acc(
-    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    train: ModuleType,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(tmp_path)  # outside Hydra, the job's files go to the working dir
     # hydra.main passes an explicit config straight to the task function, skipping Hydra.

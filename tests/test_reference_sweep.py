@@ -6,15 +6,18 @@ import os
 import re
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
+import pytest
 
 from furcate_hydra.store import Tags
 from tests.conftest import REPO, run_cli
 from tests.store_helpers import artifact_names, job_runs
 
 
+@pytest.mark.slow  # train.py's sweep, from a fresh MLflow store
 def test_reference_sweep_runs_on_cpu_slots(tmp_path: Path) -> None:
     # As on a machine without a GPU, with MLflow's default store: mlflow.db in the working dir.
+    from mlflow.tracking import MlflowClient
+
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("MLFLOW_TRACKING_URI")
     result = run_cli(REPO / "train.py", "-m", "batch_size=32,64", "epochs=2", cwd=tmp_path, env=env)

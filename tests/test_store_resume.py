@@ -24,6 +24,9 @@ from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
 from tests.store_helpers import job_runs, sweep_runs
 
+# Each test runs a Lightning sweep twice, interrupting the first.
+pytestmark = pytest.mark.slow
+
 # Job 0 finishes at once; job 1 needs 4 epochs of ~1.5 s, so it is mid-training when stopped.
 SWEEP = ["-m", "epoch_sleep=0,1.5", "epochs=4"]
 

@@ -113,6 +113,7 @@ def ran(sweep: Path) -> list[str]:
     return sorted(p.parent.name for p in sweep.glob("*/probe.json"))
 
 
+@pytest.mark.slow  # an mlflow server and two sweeps
 def test_a_sweep_twice_through_an_mlflow_server(
     tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
 ) -> None:

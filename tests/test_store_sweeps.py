@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ def recorded_sweep(launch_jobs: LaunchJobs, sweep_dir: Path, *jobs: list[str]) -
     """A sweep of ``jobs`` (each one's overrides) run by the launcher in this process: the
     store as a first CLI sweep leaves it, for a test whose CLI sweep reruns it."""
     returns = launch_jobs(list(jobs), [f"hydra.sweep.dir={sweep_dir}"])
+    launch_jobs.last.close()  # the sweep's run ends, as when the CLI's process exits
     assert [r.status for r in returns] == [JobStatus.COMPLETED] * len(jobs)
 
 
@@ -194,7 +196,9 @@ def test_experiment_name_and_disabled_store(tmp_path: Path, mlflow_store: str) -
     assert json.loads((tmp_path / "off" / "0" / "run_data.json").read_text())["run_id"] is None
 
 
-def test_sqlite_store_is_switched_to_wal_unless_disabled(tmp_path: Path) -> None:
+def test_sqlite_store_is_switched_to_wal_unless_disabled(
+    tmp_path: Path, empty_mlflow_db: Path
+) -> None:
     import sqlite3
 
     def journal_mode(db: Path) -> str:
@@ -202,6 +206,9 @@ def test_sqlite_store_is_switched_to_wal_unless_disabled(tmp_path: Path) -> None
             return str(connection.execute("PRAGMA journal_mode").fetchone()[0])
 
     plain = tmp_path / "plain.db"
+    # an initialised store in the default journal mode, so the CLI run skips the migrations
+    shutil.copyfile(empty_mlflow_db, plain)
+    assert journal_mode(plain) == "delete"
     sweep(tmp_path, "off", "+lr=0.1", f"hydra.launcher.mlflow.tracking_uri=sqlite:///{plain}",
           "hydra.launcher.mlflow.sqlite_wal=false")  # fmt: skip
     assert journal_mode(plain) == "delete"

@@ -150,6 +150,7 @@ def test_a_bad_sweep_leaves_what_was_recorded_intact(
         [["sleep=0"], ["sleep=0.01"]],
         [f"hydra.sweep.dir={tmp_path / 'first'}", "hydra.launcher.gpus=[0,1]"],
     )
+    launch_jobs.last.close()  # the sweep's run ends, as when the CLI's process exits
     assert [r.status for r in recorded] == [JobStatus.COMPLETED] * 2
     before = [(r.info.run_id, r.info.status, r.info.end_time) for r in job_runs(mlflow_store)]
     bad = run_probe_sweep(tmp_path, *GRID, "sleep=0,0.01", "hydra.sweeper.exclude=[{sleeep: 0}]")

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra.store import RunStatus
+from tests.conftest import RunStudy
 from tests.conftest import run_optuna_study as run_study
 from tests.process_helpers import start_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
@@ -94,12 +95,13 @@ def test_the_batch_loop_waits_for_the_slowest_trial_of_each_batch(tmp_path: Path
 
 
 def test_n_trials_is_the_studys_total_and_recorded_configs_are_told_without_running(
-    tmp_path: Path, mlflow_store: str
+    tmp_path: Path, mlflow_store: str, run_study_in_process: RunStudy
 ) -> None:
     # x fixed, y one of 3: at most 3 distinct configs, however many trials are asked
     space = ["hydra/sweeper/sampler=random", "hydra.sweeper.params.x=0.5"]
-    first = run_study(tmp_path, "hydra.sweeper.n_trials=3", *space)
-    assert first.returncode == 0, first.stderr
+    # the study's first 3 trials, in this process (raises where the CLI would fail); the CLI
+    # runs below are the ones that read it
+    run_study_in_process("hydra.sweeper.n_trials=3", *space)
     # the same study again: nothing is missing, nothing runs
     again = run_study(tmp_path, "hydra.sweeper.n_trials=3", *space, sweep="again")
     assert again.returncode == 0, again.stderr
@@ -253,15 +255,31 @@ def _wait_for(condition: Any, timeout: float) -> None:
     raise AssertionError("timed out")
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "cmaes", "nsgaii", "qmc"])
-def test_every_sampler_runs_seeded(tmp_path: Path, sampler: str) -> None:
+@pytest.mark.parametrize(
+    "sampler, through",
+    [
+        ("tpe", "cli"),
+        # Hydra's multirun in this process: the same sweeper, launcher, jobs and stores
+        ("random", "in_process"),
+        ("grid", "in_process"),
+        ("cmaes", "in_process"),
+        ("nsgaii", "in_process"),
+        ("qmc", "in_process"),
+    ],
+)
+def test_every_sampler_runs_seeded(
+    tmp_path: Path, run_study_in_process: RunStudy, sampler: str, through: str
+) -> None:
     overrides = [
         f"hydra/sweeper/sampler={sampler}",
         "hydra.sweeper.sampler.seed=3",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.params.x='range(0,4)'",  # the grid sampler needs a list of values
     ]
-    result = run_study(tmp_path, *overrides)
-    assert result.returncode == 0, result.stderr
+    if through == "cli":
+        result = run_study(tmp_path, *overrides)
+        assert result.returncode == 0, result.stderr
+    else:
+        run_study_in_process(*overrides)  # raises what the CLI would report
     assert states(load_study(tmp_path)) == {"COMPLETE": 3}
     assert len(ran_jobs(tmp_path / "sweep")) == 3

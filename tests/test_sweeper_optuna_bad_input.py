@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from furcate_hydra.hydra_layer.options import OptionError
 from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
+from tests.conftest import RunStudy
 from tests.conftest import run_optuna_study as run_study
 from tests.option_helpers import parse_optuna_sweeper_options
 from tests.store_helpers import job_runs
@@ -173,10 +174,9 @@ def test_a_task_returning_the_wrong_values_fails_its_trial_with_a_clear_error(
     assert expected.split(" (")[0] in trial.user_attrs["furcate_error"]
 
 
-@pytest.mark.usefixtures("mlflow_store")
-def test_a_study_keeps_its_directions(tmp_path: Path) -> None:
-    first = run_study(tmp_path, "hydra.sweeper.n_trials=2")
-    assert first.returncode == 0, first.stderr
+def test_a_study_keeps_its_directions(tmp_path: Path, run_study_in_process: RunStudy) -> None:
+    # the study, in this process (raises where the CLI would fail); the CLI run below reopens it
+    run_study_in_process("hydra.sweeper.n_trials=2")
     again = run_study(tmp_path, "hydra.sweeper.direction=maximize", sweep="again")
     assert again.returncode != 0
     assert "Invalid hydra.sweeper.direction=['maximize']" in again.stderr
