@@ -72,6 +72,7 @@ class TestFurcateLauncher(LauncherTestSuite):
     pass
 
 
+@mark.xdist_group("launcher-shared-store")  # the class's tests share one store: one worker
 @mark.usefixtures("class_store")
 @mark.parametrize("launcher_name, overrides", [("furcate", SLOTS)])
 class TestFurcateLauncherSharedStore(LauncherTestSuite):
@@ -93,6 +94,7 @@ class TestFurcateLauncherIntegration(IntegrationTestSuite):
 
 
 @mark.slow
+@mark.xdist_group("integration-shared-store")
 @mark.usefixtures("class_store")
 @mark.parametrize(
     "task_launcher_cfg, extra_flags",
@@ -141,6 +143,7 @@ class TestFurcateSweeperBatched(BatchedSweeperTestSuite):
 BATCHED_SHARED = [*SLOTS, *SWEEPER, JOB_NUM_SUBDIR, "hydra.sweeper.max_batch_size=2"]
 
 
+@mark.xdist_group("sweeper-shared-store")
 @mark.usefixtures("class_store")
 @mark.parametrize(
     "launcher_name, overrides",

@@ -107,6 +107,7 @@ def test_a_bad_code_change_value_is_named_with_its_fix() -> None:
     assert "must be one of rerun, warn, ignore" in message and "Fix: " in message
 
 
+@pytest.mark.slow  # several CLI sweeps in a row
 def test_a_rerun_after_editing_the_task_warns_or_reruns(tmp_path: Path, mlflow_store: str) -> None:
     app = tmp_path / "app"
     shutil.copytree(APPS / "conf", app / "conf")

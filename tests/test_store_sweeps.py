@@ -140,6 +140,7 @@ def test_fingerprint_ignore_keys_do_not_make_a_config_new(
     assert ran(tmp_path / "third") == []
 
 
+@pytest.mark.slow  # several CLI sweeps in a row
 def test_failed_configs_run_again_by_default(tmp_path: Path, mlflow_store: str) -> None:
     result = run_probe_sweep(tmp_path, f"hydra.sweep.dir={tmp_path / 'first'}", "mode=ok,raise")
     assert result.returncode != 0
@@ -174,6 +175,7 @@ def test_failed_configs_run_again_by_default(tmp_path: Path, mlflow_store: str) 
     ]
 
 
+@pytest.mark.slow  # several CLI sweeps in a row
 def test_default_store_is_mlflow_db_in_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,6 +94,7 @@ def test_the_batch_loop_waits_for_the_slowest_trial_of_each_batch(tmp_path: Path
     assert states(load_study(tmp_path)) == {"COMPLETE": 6}
 
 
+@pytest.mark.slow  # several CLI sweeps in a row
 def test_n_trials_is_the_studys_total_and_recorded_configs_are_told_without_running(
     tmp_path: Path, mlflow_store: str, run_study_in_process: RunStudy
 ) -> None:
@@ -126,6 +127,7 @@ def test_n_trials_is_the_studys_total_and_recorded_configs_are_told_without_runn
         assert run.data.metrics["optuna.value"] == trial.value
 
 
+@pytest.mark.slow  # several CLI sweeps in a row
 def test_interrupted_trials_are_retried_and_the_study_reaches_n_trials(
     tmp_path: Path, mlflow_store: str
 ) -> None:

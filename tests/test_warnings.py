@@ -27,6 +27,7 @@ def test_a_sweep_runs_with_deprecation_warnings_as_errors(
     assert "Warning" not in result.stderr
 
 
+@pytest.mark.slow  # several CLI sweeps in a row
 def test_the_jobs_mlflow_logger_opens_its_store_with_deprecation_warnings_as_errors(
     mlflow_store: str,
 ) -> None:

@@ -57,7 +57,9 @@ class ForkServerClient:
             self._conn.send(Init(list(sys.path), os.getcwd(), preload, context))
             reply = self._wait_ready(start_timeout_s)
         except BaseException:  # Ctrl-C during the warm-up: no server is left behind
-            self.terminate()
+            # It has no job yet, and may be busy importing for seconds before it would see its
+            # socket close: stop it at once.
+            self.terminate(wait_s=0.0)
             raise
         if isinstance(reply, InitFailed):
             self.terminate()
@@ -121,11 +123,12 @@ class ForkServerClient:
             pass
         self.terminate()
 
-    def terminate(self) -> None:
-        """Make sure the server process is gone (it stops its jobs when its socket closes)."""
+    def terminate(self, wait_s: float = 10.0) -> None:
+        """Make sure the server process is gone: it stops its jobs when its socket closes, and
+        is killed with whatever is left in its session after ``wait_s``."""
         self._conn.close()
         try:
-            self.process.wait(timeout=10.0)
+            self.process.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
