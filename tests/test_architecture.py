@@ -37,6 +37,11 @@ class Rule:
 RULES = (
     Rule("furcate_hydra/execution", (*SHARED, "furcate_hydra.execution"), (*HYDRA, *HEAVY)),
     Rule("furcate_hydra/sweeping", (*SHARED, "furcate_hydra.sweeping"), (*HYDRA, *HEAVY)),
+    Rule(
+        "furcate_hydra/monitor",
+        (*SHARED, "furcate_hydra.execution", "furcate_hydra.monitor"),
+        (*HYDRA, *HEAVY),
+    ),
     Rule("furcate_hydra/store", (*SHARED, "furcate_hydra.store"), (*HYDRA, "torch", "optuna")),
     Rule("furcate_hydra/tuning", (*SHARED, ENV_VARS, "furcate_hydra.tuning"), (*HYDRA, "torch")),
     Rule(
@@ -50,6 +55,7 @@ RULES = (
             *SHARED,
             ENV_VARS,
             "furcate_hydra.execution",
+            "furcate_hydra.monitor",
             "furcate_hydra.store",
             "furcate_hydra.sweeping",
             "furcate_hydra.tuning",

@@ -33,6 +33,7 @@ from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver import ChildReport, ForkServerClient
+from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import Exited, Start, Started, StartFailed
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.slots import Slot, SlotPlan
@@ -65,11 +66,19 @@ class PoolOptions:
 class LocalPool:
     """Runs jobs on the slots of a plan, one fresh process per job."""
 
-    def __init__(self, plan: SlotPlan, context: bytes, options: PoolOptions) -> None:
+    def __init__(
+        self,
+        plan: SlotPlan,
+        context: bytes,
+        options: PoolOptions,
+        output: ConsoleOutput | None = None,
+    ) -> None:
+        """``output``: where job output echoed to the console goes (default: the launcher's
+        stdout and stderr)."""
         self.plan = plan
         self.options = options
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
-        self._server = ForkServerClient(list(options.preload), context)
+        self._server = ForkServerClient(list(options.preload), context, output=output)
         self._free: list[Slot] = list(plan.slots)
         self._busy_per_device: collections.Counter[str | None] = collections.Counter()
         self._queue: collections.deque[JobRecord] = collections.deque()

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import Executor
+from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
@@ -43,6 +44,8 @@ from furcate_hydra.hydra_layer.recording import JobRecorder
 from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
 from furcate_hydra.layout import JobPaths
+from furcate_hydra.monitor.tally import SweepTally
+from furcate_hydra.monitor.views import make_view
 from furcate_hydra.store import code_version
 
 log = logging.getLogger(__name__)
@@ -79,7 +82,11 @@ class LaunchSession:
             raise as_option_error(exc) from None
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
-        self.executor = start_executor(plan, self._context, options)
+        self.tally = SweepTally(len(plan.slots))
+        self.view = make_view(options.progress.mode, self.tally, options.progress.every_s)
+        output = self.view.write_output if self.view.owns_output else None
+        self.executor = start_executor(plan, self._context, options, output)
+        self.executor.add_listener(self.tally.on_event)
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
         self.composer = SweepComposer(hydra_context, config)
@@ -130,6 +137,7 @@ class LaunchSession:
             self.submitted += 1
             if skipped is not None:
                 self.skipped += 1
+                self.tally.skipped()
                 self.skipped_stale += decision.other_code
                 log.info("\t#%d : %s (skipped: run %s)", job.num, job.label, job.run_id)
                 self._ready.append((job.key, skipped))
@@ -144,6 +152,7 @@ class LaunchSession:
                 self._finish(job)
                 raise
             self._jobs[job.key] = job
+            self.tally.submitted()
         return jobs
 
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
@@ -158,12 +167,20 @@ class LaunchSession:
     def idle_slots(self) -> int:
         return self.executor.idle_slots
 
+    def sweep_status(
+        self, to_come: int | None = None, best: str | None = None, pruned: int | None = None
+    ) -> None:
+        """What the sweeper knows for the progress view: jobs it will still submit, its best
+        result so far, trials it pruned."""
+        self.tally.sweeper_status(to_come, best, pruned)
+
     def close(self, interrupted: bool = False) -> int:
         """Stop the executor; record jobs still running as KILLED and the sweep's final state.
         Returns how many jobs were stopped."""
         if self._closed:
             return 0
         self._closed = True
+        self.view.stop()
         self.executor.close()
         stopped = len(self._jobs)
         self.recorder.close(interrupted, self._jobs.values())
@@ -195,6 +212,7 @@ class LaunchSession:
         self._jobs.pop(job.key, None)
         job_return = self._to_job_return(job)
         self.recorder.record(job, job_return)
+        self.tally.finished(job_return.status is JobStatus.COMPLETED)
         return job_return
 
     def _context_blob(self) -> bytes:
@@ -214,9 +232,11 @@ class LaunchSession:
         return synthetic_job_return(job.config, job.paths.output_dir, JobStatus.FAILED, error)
 
 
-def start_executor(plan: SlotPlan, context: bytes, options: LauncherOptions) -> Executor:
+def start_executor(
+    plan: SlotPlan, context: bytes, options: LauncherOptions, output: ConsoleOutput | None
+) -> Executor:
     """The executor that runs the session's jobs: the one place a backend is chosen."""
-    return LocalPool(plan, context, options.pool)
+    return LocalPool(plan, context, options.pool, output)
 
 
 def launch(
@@ -251,8 +271,10 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     session.refresh_context()
     session.submitted = session.skipped = session.skipped_stale = 0
+    session.view.start()
     try:
         yield
+        session.view.stop()
         session.recorder.flush()
         if session.skipped:
             log.info(
@@ -270,6 +292,7 @@ def streaming(session: LaunchSession) -> Iterator[None]:
                 code.key if code is not None else "unknown",
             )
     except ExecutorBrokenError:
+        session.view.stop()
         session.close()  # the sweep failed; it was not interrupted
         raise
     except KeyboardInterrupt:

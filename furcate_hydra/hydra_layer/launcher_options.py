@@ -16,9 +16,10 @@ from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
+from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.store import CodeChange, Rerun
 
-__all__ = ["LauncherOptions", "StoreOptions"]
+__all__ = ["LauncherOptions", "ProgressOptions", "StoreOptions"]
 
 
 @dataclass(frozen=True)
@@ -58,18 +59,46 @@ class StoreOptions:
 
 
 @dataclass(frozen=True)
+class ProgressOptions:
+    """How the sweep's progress is shown (``hydra.launcher.progress``, ``progress_every_s``)."""
+
+    mode: str
+    every_s: float
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> ProgressOptions:
+        mode = options["progress"]
+        if mode not in PROGRESS_MODES:
+            raise FurcateConfigError(
+                "hydra.launcher.progress",
+                mode,
+                f"must be one of {', '.join(PROGRESS_MODES)}",
+                "set hydra.launcher.progress=auto (live on a terminal, plain lines otherwise), "
+                "plain or off",
+            )
+        every = positive_seconds("hydra.launcher.progress_every_s", options["progress_every_s"], 30)
+        return cls(mode, every)
+
+
+@dataclass(frozen=True)
 class LauncherOptions:
     """Everything ``hydra.launcher`` says, checked before anything starts."""
 
     slots: SlotOptions
     pool: PoolOptions
     store: StoreOptions
+    progress: ProgressOptions
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
         """Raises OptionError naming the key, the value and the fix."""
         try:
-            return cls(_slot_options(options), _pool_options(options), StoreOptions.parse(options))
+            return cls(
+                _slot_options(options),
+                _pool_options(options),
+                StoreOptions.parse(options),
+                ProgressOptions.parse(options),
+            )
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
 

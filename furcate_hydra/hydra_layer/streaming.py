@@ -88,6 +88,13 @@ class StreamingLauncher(Protocol):
         """The MLflow run of a job submitted under ``key``."""
         ...
 
+    def sweep_status(
+        self, to_come: int | None = None, best: str | None = None, pruned: int | None = None
+    ) -> None:
+        """What only the sweeper knows, for the progress view: how many jobs it will still
+        submit, its best result so far (as it words it), how many trials it pruned."""
+        ...
+
     def config_files_changed(self) -> None:
         """Compose jobs submitted from now on from the config files as they are now."""
         ...

@@ -49,6 +49,11 @@ class FurcateLauncherConf:
     preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning", "mlflow"])
     # copy each job's stdout/stderr to the console as well as to its log files
     echo_output: bool = True
+    # the sweep's progress: auto (a live view on a terminal, plain status lines otherwise),
+    # plain (status lines only), off
+    progress: str = "auto"
+    # seconds between plain status lines while jobs run
+    progress_every_s: float = 30.0
     # seconds a stopped job gets between SIGTERM and SIGKILL
     stop_grace_s: float = 5.0
     # the results store: every job a run, finished configs skipped, interrupted ones resumed

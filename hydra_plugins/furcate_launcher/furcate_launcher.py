@@ -92,6 +92,11 @@ class FurcateLauncher(Launcher):
     def job_run(self, key: str) -> JobRun:
         return self.session().recorder.job_run(key)
 
+    def sweep_status(
+        self, to_come: int | None = None, best: str | None = None, pruned: int | None = None
+    ) -> None:
+        self.session().sweep_status(to_come, best, pruned)
+
     def config_files_changed(self) -> None:
         if self._session is not None:
             self._session.composer.forget()

@@ -107,7 +107,9 @@ class StudySweep:
         state = recover_trials(self.study, self._identity)
         self._reseed(config, sampler)
         self.to_start = max(0, n_trials - state.counted)
-        self.started = self.told = 0
+        self.started = self.told = self.pruned = 0
+        self.best: str | None = None  # for the progress view: "0.0123 (trial 7)"
+        self._best_value: float | None = None
         self.failures: list[BaseException] = []
         self.returns: dict[int, JobReturn] = {}
         self.next_num = 0
@@ -286,6 +288,10 @@ class StudySweep:
             if "Study.stop" not in str(exc):
                 raise
         self.told += 1
+        self.pruned += outcome.state is TrialState.PRUNED
+        self._note_best(
+            trial.number, outcome.values if outcome.state is TrialState.COMPLETE else None
+        )
         if not outcome.failed:
             shown = outcome.values if outcome.values is not None else "no value"
             log.info("furcate_optuna: trial %d %s: %s", trial.number, outcome.state.name, shown)
@@ -362,6 +368,20 @@ class StudySweep:
             return
         probes = _probe_configs(self.space)
         self.filter.apply(probes, self.options.rules)
+
+    def _note_best(self, number: int, values: Sequence[float] | None) -> None:
+        # one objective: the best value so far; several: Optuna's Pareto front has no one best
+        if values is None or len(self.options.directions) != 1:
+            return
+        value = float(values[0])
+        better = self._best_value is None or (
+            value < self._best_value
+            if self.options.directions[0] == "minimize"
+            else value > self._best_value
+        )
+        if better:
+            self._best_value = value
+            self.best = f"{value:.6g} (trial {number})"
 
     def _set_attr(self, trial: optuna.Trial, key: str, value: Any) -> None:
         self.study._storage.set_trial_system_attr(trial._trial_id, key, value)
@@ -465,6 +485,8 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                             sweep.options.max_failure_rate,
                             len(in_flight),
                         )
+                to_come = 0 if stopping else sweep.to_start - sweep.started
+                launcher.sweep_status(to_come=to_come, best=sweep.best, pruned=sweep.pruned)
     except BaseException as exc:
         waiting = [job for jobs in followers.values() for job in jobs]
         held = [*in_flight.values(), *waiting, *([submitting] if submitting else [])]

@@ -232,6 +232,7 @@ def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
             for key, job_return in done:
                 sweep.returns[in_flight.pop(key)] = job_return
             sweep.follow_edits()
+            launcher.sweep_status(to_come=len(sweep.queue))
 
 
 def _batches(sweep: GridSweep, launcher: Launcher, max_batch_size: int | None) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import IO
 
 from furcate_hydra.errors import ForkServerError
 from furcate_hydra.execution import interrupts
@@ -23,7 +27,11 @@ from furcate_hydra.execution.forkserver.protocol import (
     Stopped,
 )
 
-__all__ = ["ForkServerClient"]
+__all__ = ["ConsoleOutput", "ForkServerClient"]
+
+# Where the server's console output goes instead of the launcher's stdout/stderr: whole lines,
+# and whether they came from stderr.
+ConsoleOutput = Callable[[bytes, bool], None]
 
 # Longest a wait goes without looking for a Ctrl-C that Python lost (see interrupts.py).
 _CHECK_EVERY_S = 0.5
@@ -35,8 +43,19 @@ class ForkServerClient:
     Not thread-safe: one owner (the slot pool) drives it from one thread.
     """
 
-    def __init__(self, preload: list[str], context: bytes, *, start_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        preload: list[str],
+        context: bytes,
+        *,
+        start_timeout_s: float = 600.0,
+        output: ConsoleOutput | None = None,
+    ):
+        """``output``: None, the server (and the job output it echoes) writes to the launcher's
+        stdout and stderr; else every line goes to ``output``, e.g. a live view printing
+        above itself."""
         parent_sock, child_sock = socket.socketpair()
+        piped = subprocess.PIPE if output is not None else None
         with child_sock:
             # Its own session: a Ctrl-C at the terminal reaches the launcher, which then stops
             # the jobs in order, instead of reaching every process at once.
@@ -49,8 +68,19 @@ class ForkServerClient:
                 ],
                 pass_fds=[child_sock.fileno()],
                 stdin=subprocess.DEVNULL,
+                stdout=piped,
+                stderr=piped,
                 start_new_session=True,
             )
+        if output is not None:
+            assert self.process.stdout is not None and self.process.stderr is not None
+            for stream, is_stderr in ((self.process.stdout, False), (self.process.stderr, True)):
+                threading.Thread(
+                    target=_forward_lines,
+                    args=(stream, output, is_stderr),
+                    name="furcate-output",
+                    daemon=True,
+                ).start()
         self._conn = Connection(parent_sock.detach())
         began = time.perf_counter()
         try:
@@ -132,3 +162,11 @@ class ForkServerClient:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def _forward_lines(stream: IO[bytes], output: ConsoleOutput, is_stderr: bool) -> None:
+    # Until the server closes its end: it exits, and so does this thread.
+    with stream:
+        for line in iter(stream.readline, b""):
+            with contextlib.suppress(Exception):  # a broken console must not block the server
+                output(line, is_stderr)
