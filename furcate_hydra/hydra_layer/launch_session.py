@@ -144,6 +144,7 @@ class LaunchSession:
                 continue
             log.info("\t#%d : %s", job.num, job.label)
             job.payload = job_payload(job.config)
+            self.tally.submitted()  # before submit: the executor may start it at once
             try:
                 self.executor.submit(job)
             except ExecutorBrokenError as exc:
@@ -152,7 +153,6 @@ class LaunchSession:
                 self._finish(job)
                 raise
             self._jobs[job.key] = job
-            self.tally.submitted()
         return jobs
 
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
