@@ -3,6 +3,7 @@
     <sweep dir>/                    SweepPaths
       multirun.yaml                 the sweep's config, as Hydra's sweepers write it
       run_data.csv                  one row per job (furcate's run_data.csv)
+      summary.md                    counts per outcome, the jobs that did not finish and why
       optimization_results.yaml     the Optuna sweeper's best trial(s), plus its plots
       optuna.db                     the study of an Optuna sweep with ``storage: null``
                                     (``optuna-2.db``, ... where the dir is reused)
@@ -106,6 +107,7 @@ class SweepPaths:
     sweep_dir: Path
 
     RUN_DATA_CSV = "run_data.csv"
+    SUMMARY = "summary.md"
     MULTIRUN_YAML = "multirun.yaml"
     OPTIMIZATION_RESULTS = "optimization_results.yaml"
     STUDY_DB = "optuna.db"
@@ -117,6 +119,10 @@ class SweepPaths:
     @property
     def run_data_csv(self) -> Path:
         return self.sweep_dir / self.RUN_DATA_CSV
+
+    @property
+    def summary(self) -> Path:
+        return self.sweep_dir / self.SUMMARY
 
     @property
     def multirun_yaml(self) -> Path:

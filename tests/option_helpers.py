@@ -39,6 +39,13 @@ def check_launcher_options(partial: Mapping[str, Any]) -> None:
         check_tracking_uri(resolve_tracking_uri(parsed.store.tracking_uri))
 
 
+def parse_launcher_options(options: Mapping[str, Any]) -> Any:
+    """``hydra/launcher=furcate``'s parse of a complete options mapping, as given (no typing
+    by the config dataclass: values Hydra would coerce reach the check as they are)."""
+    defaults: Any = OmegaConf.to_container(OmegaConf.structured(FurcateLauncherConf))
+    return FurcateLauncher.parse_options({**defaults, **options})
+
+
 def parse_grid_sweeper_options(options: Mapping[str, Any]) -> Any:
     """``hydra/sweeper=furcate``'s check of its options, as its ``setup`` runs it."""
     return FurcateSweeper.parse_options(options)

@@ -9,9 +9,11 @@ launch(overrides...) ──► compose each job's config here (SweepComposer, jo
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+import re
 import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,6 +25,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import Executor
@@ -44,8 +47,10 @@ from furcate_hydra.hydra_layer.recording import JobRecorder
 from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
 from furcate_hydra.layout import JobPaths
+from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
+from furcate_hydra.reasons import one_line_reason
 from furcate_hydra.store import code_version
 
 log = logging.getLogger(__name__)
@@ -87,6 +92,9 @@ class LaunchSession:
         output = self.view.write_output if self.view.owns_output else None
         self.executor = start_executor(plan, self._context, options, output)
         self.executor.add_listener(self.tally.on_event)
+        self.summary = SweepSummary()
+        self.fail_fast = options.fail_fast
+        self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
         self.composer = SweepComposer(hydra_context, config)
@@ -129,6 +137,12 @@ class LaunchSession:
         return value, come out of the next ``wait_any``.
         """
         jobs = [self._compose(request) for request in requests]
+        if self._failing_fast is not None:
+            for job in jobs:  # never started, never recorded: a rerun runs them
+                self.submitted += 1
+                job.state, job.error = JobState.CANCELLED, f"not started: {self._failing_fast}"
+                self._ready.append((job.key, self._not_started(job)))
+            return jobs
         decisions = self.recorder.prepare(jobs)
         for job, decision in zip(jobs, decisions, strict=True):
             interrupts.check()  # composing a batch can take a while: a lost Ctrl-C stops it
@@ -141,6 +155,10 @@ class LaunchSession:
                 self.skipped_stale += decision.other_code
                 log.info("\t#%d : %s (skipped: run %s)", job.num, job.label, job.run_id)
                 self._ready.append((job.key, skipped))
+                if skipped.status is JobStatus.COMPLETED:
+                    self.summary.finished(job.num, skipped.return_value, skipped=True)
+                else:  # a recorded failure, reported (rerun=none)
+                    self._did_not_finish(job, skipped)
                 continue
             log.info("\t#%d : %s", job.num, job.label)
             job.payload = job_payload(job.config)
@@ -212,8 +230,57 @@ class LaunchSession:
         self._jobs.pop(job.key, None)
         job_return = self._to_job_return(job)
         self.recorder.record(job, job_return)
-        self.tally.finished(job_return.status is JobStatus.COMPLETED)
+        ok = job_return.status is JobStatus.COMPLETED
+        self.tally.finished(ok)
+        if ok:
+            self.summary.finished(job.num, job_return.return_value)
+        else:
+            self._did_not_finish(job, job_return)
         return job_return
+
+    def _did_not_finish(self, job: JobRecord, job_return: JobReturn) -> None:
+        """Say why at once, keep the summary's row, and under fail_fast start nothing more."""
+        if job.state is JobState.COMPLETED:  # the task raised: the exception says why
+            error = job_return._return_value
+            text = f"{type(error).__name__}: {error}"
+        else:
+            text = job.error or job.state.value
+        if job.state is JobState.CANCELLED:
+            outcome = "killed" if job.started_at is not None else "not started"
+        elif job.state is JobState.CRASHED:  # killed from outside, or died of a signal
+            outcome = "killed" if re.search(r"by SIG(KILL|TERM)\b", text) else "crashed"
+        else:
+            outcome = "failed"
+        reason = one_line_reason(text) or outcome
+        logs = job.paths.stderr if job.paths.stderr.exists() else job.paths.output_dir
+        self.summary.did_not_finish(Unfinished(job.num, job.label, outcome, reason, str(logs)))
+        if outcome == "not started":
+            return
+        log.warning("furcate: job #%d %s: %s (logs: %s)", job.num, outcome, reason, logs)
+        if self.fail_fast and self._failing_fast is None:
+            self._failing_fast = f"hydra.launcher.fail_fast after job #{job.num} {outcome}"
+            queued = [key for key, held in self._jobs.items() if held.state is JobState.QUEUED]
+            self.executor.cancel(queued)
+            running = sum(1 for held in self._jobs.values() if held.state is JobState.RUNNING)
+            log.warning(
+                "furcate: fail_fast: %d queued job(s) and any the sweeper submits are not "
+                "started; the %d running one(s) finish",
+                len(queued),
+                running,
+            )
+
+    def _not_started(self, job: JobRecord) -> JobReturn:
+        job_return = self._to_job_return(job)
+        self.tally.finished(False)
+        self._did_not_finish(job, job_return)
+        return job_return
+
+    def write_summary(self) -> None:
+        """The summary: on the console, and as summary.md in the sweep dir."""
+        snap = self.tally.snapshot()
+        log.info(self.summary.text(snap.elapsed_s, snap.best))
+        text = self.summary.markdown(snap.elapsed_s, snap.best).encode()
+        atomic_write_bytes(self.recorder.sweep.summary, text, durable=False)
 
     def _context_blob(self) -> bytes:
         context = HydraJobContext(self.task_function, self.hydra_context, Singleton.get_state())
@@ -276,6 +343,8 @@ def streaming(session: LaunchSession) -> Iterator[None]:
         yield
         session.view.stop()
         session.recorder.flush()
+        session.summary.pruned(session.tally.snapshot().pruned)
+        session.write_summary()
         if session.skipped:
             log.info(
                 "furcate: skipped %d of %d configs already recorded in MLflow",
@@ -298,6 +367,8 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     except KeyboardInterrupt:
         signum = interrupts.received() or signal.SIGINT
         stopped = session.close(interrupted=True)
+        with contextlib.suppress(OSError):  # the summary of what did run, if it can be written
+            session.write_summary()
         log.warning(
             "furcate: interrupted (%s): %d job%s stopped and recorded as KILLED, the sweep's "
             "records written to %s; run the same command to resume",

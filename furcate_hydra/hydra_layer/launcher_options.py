@@ -88,6 +88,7 @@ class LauncherOptions:
     pool: PoolOptions
     store: StoreOptions
     progress: ProgressOptions
+    fail_fast: bool
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
@@ -98,6 +99,7 @@ class LauncherOptions:
                 _pool_options(options),
                 StoreOptions.parse(options),
                 ProgressOptions.parse(options),
+                _flag(options, "fail_fast"),
             )
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
@@ -143,3 +145,15 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
 
 def _seconds(mlflow: Mapping[str, Any], key: str, example: float) -> float:
     return positive_seconds(f"hydra.launcher.mlflow.{key}", mlflow[key], example)
+
+
+def _flag(options: Mapping[str, Any], key: str) -> bool:
+    value = options[key]
+    if not isinstance(value, bool):
+        raise FurcateConfigError(
+            f"hydra.launcher.{key}",
+            value,
+            "must be true or false",
+            f"set hydra.launcher.{key}=true",
+        )
+    return value

@@ -54,6 +54,8 @@ class FurcateLauncherConf:
     progress: str = "auto"
     # seconds between plain status lines while jobs run
     progress_every_s: float = 30.0
+    # at the first job that fails, start no more jobs (the running ones finish)
+    fail_fast: bool = False
     # seconds a stopped job gets between SIGTERM and SIGKILL
     stop_grace_s: float = 5.0
     # the results store: every job a run, finished configs skipped, interrupted ones resumed

@@ -100,6 +100,8 @@ def main(cfg: DictConfig) -> Any:
     mode = str(cfg.mode)
     if mode == "ok":
         return info
+    if mode == "value":  # a number to compare jobs by, as a tuned task returns
+        return float(cfg.get("lr", 0.0))
     if mode == "metric":
         # a metric in the job's run, as a task logging to MLflow leaves one
         from mlflow.tracking import MlflowClient

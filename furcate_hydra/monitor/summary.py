@@ -1,0 +1,115 @@
+"""The end-of-sweep summary: counts per outcome, one row per job that did not finish (with its
+one-line reason and where its logs are), and the return values' extremes.
+
+Only jobs that did not finish are kept, one short row each, so a sweep of a million jobs that
+went well holds a handful of numbers here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from numbers import Real
+
+from furcate_hydra.monitor.render import duration_text
+
+__all__ = ["SweepSummary", "Unfinished"]
+
+# Outcomes in the order the summary lists them.
+OUTCOMES = ("finished", "skipped", "pruned", "failed", "crashed", "killed", "not started")
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A job that did not finish: its row in the summary."""
+
+    num: int
+    label: str
+    outcome: str  # failed (raised, exited), crashed (a signal), killed, not started
+    reason: str
+    logs: str
+
+
+class SweepSummary:
+    """Collects what the summary says, job by job, as jobs end."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.unfinished: list[Unfinished] = []
+        self._lowest: tuple[float, int] | None = None
+        self._highest: tuple[float, int] | None = None
+
+    def finished(self, num: int, value: object, skipped: bool = False) -> None:
+        self.counts["skipped" if skipped else "finished"] += 1
+        if isinstance(value, Real) and not isinstance(value, bool):
+            number = float(value)
+            if math.isfinite(number):
+                if self._lowest is None or number < self._lowest[0]:
+                    self._lowest = (number, num)
+                if self._highest is None or number > self._highest[0]:
+                    self._highest = (number, num)
+
+    def did_not_finish(self, row: Unfinished) -> None:
+        self.counts[row.outcome] += 1
+        self.unfinished.append(row)
+
+    def pruned(self, count: int) -> None:
+        """Trials the sweeper pruned: their jobs ended early but normally (among finished)."""
+        self.counts["pruned"] = count
+
+    @property
+    def total(self) -> int:
+        return sum(n for outcome, n in self.counts.items() if outcome != "pruned")
+
+    def counts_line(self, elapsed_s: float | None = None) -> str:
+        parts = [f"{self.counts[o]} {o}" for o in OUTCOMES if self.counts[o]]
+        text = f"furcate: sweep of {self.total} jobs: " + (", ".join(parts) or "nothing ran")
+        if elapsed_s is not None:
+            text += f" in {duration_text(elapsed_s)}"
+        return text
+
+    def values_line(self, best: str | None) -> str | None:
+        """The best result: the sweeper's when it has one, else the return values' range."""
+        if best:
+            return f"best: {best}"
+        if self._lowest is None or self._highest is None:
+            return None
+        low, high = self._lowest, self._highest
+        if low == high:
+            return f"return value: {low[0]:.6g} (job #{low[1]})"
+        return (
+            f"return values: lowest {low[0]:.6g} (job #{low[1]}), "
+            f"highest {high[0]:.6g} (job #{high[1]})"
+        )
+
+    def text(self, elapsed_s: float | None = None, best: str | None = None) -> str:
+        """What the console shows at the end of the sweep."""
+        lines = [self.counts_line(elapsed_s)]
+        values = self.values_line(best)
+        if values:
+            lines.append(f"  {values}")
+        for row in self.unfinished:
+            lines.append(f"  #{row.num} {row.outcome}: {row.reason}")
+            lines.append(f"      {row.label or '(no overrides)'} | logs: {row.logs}")
+        return "\n".join(lines)
+
+    def markdown(self, elapsed_s: float | None = None, best: str | None = None) -> str:
+        """The same summary as ``summary.md`` in the sweep dir."""
+        lines = ["# Sweep summary", "", "| outcome | jobs |", "|---|---|"]
+        lines += [f"| {o} | {self.counts[o]} |" for o in OUTCOMES if self.counts[o]]
+        lines += ["", self.counts_line(elapsed_s)]
+        values = self.values_line(best)
+        if values:
+            lines += ["", values]
+        if self.unfinished:
+            lines += ["", "## Jobs that did not finish", ""]
+            lines += ["| job | outcome | reason | overrides | logs |", "|---|---|---|---|---|"]
+            for row in self.unfinished:
+                cells = (f"#{row.num}", row.outcome, row.reason, row.label, row.logs)
+                lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
