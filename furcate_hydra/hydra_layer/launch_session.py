@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
 from furcate_hydra.execution import interrupts
-from furcate_hydra.execution.executor import Executor
+from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
@@ -80,6 +80,7 @@ class LaunchSession:
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
         self.executor = start_executor(plan, self._context, options)
+        self.executor.add_listener(self._on_event)
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
         self.composer = SweepComposer(hydra_context, config)
@@ -170,6 +171,10 @@ class LaunchSession:
         self._jobs.clear()
         interrupts.restore()
         return stopped
+
+    def _on_event(self, event: JobEvent) -> None:
+        if event.kind is EventKind.STARTED:
+            self.recorder.started(event.job)
 
     def _compose(self, request: JobRequest) -> JobRecord:
         num = request.num
