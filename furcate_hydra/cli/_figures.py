@@ -15,11 +15,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from furcate_hydra.cli._values import finished, swept_values
 from furcate_hydra.store.metric_history import MetricPoint
-from furcate_hydra.store.sweep_snapshot import JobSnapshot
+from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepJobStatus
 
-__all__ = ["CURVE_SKIP_PREFIXES", "Figures", "Plot", "curve_plots", "return_value_plots"]
+__all__ = [
+    "CURVE_SKIP_PREFIXES",
+    "Figures",
+    "Plot",
+    "curve_plots",
+    "return_value_plots",
+    "swept_values",
+]
 
 History = Mapping[str, Sequence[MetricPoint]]
 # metrics that are no learning curve: the resource trace (its own table) and the Optuna
@@ -51,13 +57,13 @@ def return_value_plots(jobs: Sequence[JobSnapshot]) -> Figures:
     """A scatter of the return value (each number of it, for a tuple) against each swept
     parameter, one point per job with a result."""
     figures = Figures()
-    swept = swept_values(tuple(jobs))
+    swept = swept_values(jobs)
     if not swept:
         figures.notes.append("No parameter differs between the jobs: nothing to plot against.")
         return figures
     results: dict[int, list[float]] = {}
     for job in jobs:
-        numbers = _numbers(job.return_value) if finished(job) else None
+        numbers = _numbers(job.return_value) if _finished(job) else None
         if numbers is not None:
             results[job.job_num] = numbers
     if not results:
@@ -121,7 +127,7 @@ def _epoch_axes(
 
 def _labels(jobs: Sequence[JobSnapshot]) -> dict[int, str]:
     """Each job's legend entry: its number and the values it was swept to."""
-    swept = swept_values(tuple(jobs))
+    swept = swept_values(jobs)
     labels = {}
     for job in jobs:
         num = job.job_num
@@ -129,6 +135,23 @@ def _labels(jobs: Sequence[JobSnapshot]) -> dict[int, str]:
         label = f"#{job.job_num} {' '.join(values or job.overrides)}"
         labels[job.job_num] = label if len(label) <= 48 else label[:47] + "…"
     return labels
+
+
+def swept_values(jobs: Sequence[JobSnapshot]) -> dict[str, dict[int, str]]:
+    """The overrides that differ between jobs: ``{key: {job_num: value}}``, in the order the
+    keys first appear (``+key=`` and ``key=`` are the same key)."""
+    values: dict[str, dict[int, str]] = {}
+    for job in jobs:
+        for override in job.overrides:
+            key, found, value = override.lstrip("+~").partition("=")
+            if found:
+                values.setdefault(key, {})[job.job_num] = value
+    return {key: by_job for key, by_job in values.items() if len(set(by_job.values())) > 1}
+
+
+def _finished(job: JobSnapshot) -> bool:
+    """Has the job a result to show (it ran to its end, or its result was taken from a run)."""
+    return job.status in (SweepJobStatus.FINISHED, SweepJobStatus.SKIPPED, SweepJobStatus.PRUNED)
 
 
 def _numbers(value: Any) -> list[float] | None:

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepJobStatus, SweepSnapshot
+from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepSnapshot
 
 __all__ = [
     "format_duration",
@@ -16,7 +16,6 @@ __all__ = [
     "format_value",
     "jsonable",
     "snapshot_json",
-    "swept_values",
 ]
 
 
@@ -117,20 +116,3 @@ def snapshot_json(snapshot: SweepSnapshot) -> dict[str, Any]:
         "counts": {status.value: n for status, n in snapshot.counts().items()},
         "jobs": [job_json(job) for job in snapshot.jobs],
     }
-
-
-def swept_values(jobs: tuple[JobSnapshot, ...]) -> dict[str, dict[int, str]]:
-    """The overrides that differ between jobs: ``{key: {job_num: value}}``, in the order the
-    keys first appear (``+key=`` and ``key=`` are the same key)."""
-    values: dict[str, dict[int, str]] = {}
-    for job in jobs:
-        for override in job.overrides:
-            key, found, value = override.lstrip("+~").partition("=")
-            if found:
-                values.setdefault(key, {})[job.job_num] = value
-    return {key: by_job for key, by_job in values.items() if len(set(by_job.values())) > 1}
-
-
-def finished(job: JobSnapshot) -> bool:
-    """Has the job a result to show (it ran to its end, or its result was taken from a run)."""
-    return job.status in (SweepJobStatus.FINISHED, SweepJobStatus.SKIPPED, SweepJobStatus.PRUNED)

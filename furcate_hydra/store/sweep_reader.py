@@ -113,7 +113,7 @@ class SweepReader:
 
     def _open(self, tracking: TrackingUri, lookup_only: bool = False) -> None:
         """Connect, and find the sweep run (by the record's id, else by its sweep dir tag)."""
-        if lookup_only and not _sqlite_exists(tracking.uri):
+        if lookup_only and _missing_sqlite(tracking.uri):
             return  # no default store here: the dir's own files are all there is
         self.client = open_client(tracking)
         self.tracking_uri = tracking.uri
@@ -200,7 +200,7 @@ class SweepReader:
             sweep_dir=self.paths.sweep_dir,
             status=status,
             reason=reason,
-            tracking_uri=self.tracking_uri,
+            tracking_uri=self.tracking_uri if sweep is not None else None,
             experiment=self._experiment_name(),
             sweep_run_id=None if sweep is None else sweep.info.run_id,
             command=str(sweep.data.tags.get(Tags.OVERRIDES, "")) if sweep is not None else "",
@@ -280,7 +280,7 @@ def open_client(tracking: TrackingUri) -> Any:
     (MLflow would create an empty store instead)."""
     from mlflow.tracking import MlflowClient
 
-    if tracking.uri.startswith("sqlite:///") and not _sqlite_exists(tracking.uri):
+    if _missing_sqlite(tracking.uri):
         raise FurcateConfigError(
             tracking.source,
             tracking.uri,
@@ -293,8 +293,8 @@ def open_client(tracking: TrackingUri) -> Any:
     return MlflowClient(tracking.uri)
 
 
-def _sqlite_exists(uri: str) -> bool:
-    return uri.startswith("sqlite:///") and Path(uri[len("sqlite:///") :]).is_file()
+def _missing_sqlite(uri: str) -> bool:
+    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file()
 
 
 def _record_of(run: Any) -> RunRecord:
