@@ -111,3 +111,19 @@ def test_a_sweep_without_curves_numbers_or_trace_says_so(launch_jobs: LaunchJobs
     assert "No job logged a metric more than once: no learning curves." in page
     assert '<p id="no-trace">no trace recorded' in page
     assert len(re.findall(r'<tr class="job"', page)) == 2
+
+
+def test_curves_are_drawn_against_epoch_where_each_point_has_its_own_epoch() -> None:
+    from furcate_hydra.cli._figures import _epoch_axes
+    from furcate_hydra.store.metric_history import MetricPoint
+    from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepJobStatus
+
+    job = JobSnapshot(0, ("lr=0.1",), SweepJobStatus.FINISHED, run_id="r")
+    # as Lightning logs: an epoch metric at every step it logs anything
+    epochs = [MetricPoint(step, float(step // 10), 0) for step in (5, 9, 15, 19)]
+    per_epoch = [MetricPoint(9, 0.5, 0), MetricPoint(19, 0.4, 0)]
+    per_step = [MetricPoint(step, 0.9, 0) for step in (5, 9, 15, 19)]
+    histories = {"r": {"epoch": epochs, "val_loss": per_epoch, "train_loss_step": per_step}}
+    assert _epoch_axes([(job, per_epoch)], histories) == {0: {5: 0.0, 9: 0.0, 15: 1.0, 19: 1.0}}
+    assert _epoch_axes([(job, per_step)], histories) is None  # two points per epoch: by step
+    assert _epoch_axes([(job, per_epoch)], {"r": {}}) is None  # no epoch metric: by step

@@ -156,6 +156,9 @@ def test_a_running_sweep_then_its_killed_launcher(
     (listed,) = json.loads(capsys.readouterr().out)["sweeps"]
     assert listed["sweep_dir"] == str(sweep) and listed["status"] == "INTERRUPTED"
     assert listed["counts"] == {"INTERRUPTED": 3}
+    assert main(["ls", "--tracking-uri", mlflow_store]) == 0
+    text = capsys.readouterr().out
+    assert f"probe_app  INTERRUPTED ({gone})\n    {sweep}\n    jobs: INTERRUPTED 3" in text
 
 
 # ``python -c`` this with the command's arguments: runs furcate, then prints which of the

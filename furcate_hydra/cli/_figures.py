@@ -55,7 +55,7 @@ class Figures:
 
 def return_value_plots(jobs: Sequence[JobSnapshot]) -> Figures:
     """A scatter of the return value (each number of it, for a tuple) against each swept
-    parameter, one point per job with a result."""
+    parameter, one point per finished or skipped job."""
     figures = Figures()
     swept = swept_values(jobs)
     if not swept:
@@ -99,13 +99,14 @@ def curve_plots(jobs: Sequence[JobSnapshot], histories: Mapping[str, History]) -
     if not curves:
         figures.notes.append("No job logged a metric more than once: no learning curves.")
     used: set[str] = set()
+    labels = _labels(jobs)
     for name, lines in curves.items():
         stem = _stem(f"curve_{name}")
         while stem in used:
             stem += "_"
         used.add(stem)
         epochs = _epoch_axes(lines, histories)
-        png = _lines(name, lines, epochs, _labels(jobs))
+        png = _lines(name, lines, epochs, labels)
         figures.plots.append(Plot(stem, name, png))
     return figures
 
@@ -150,8 +151,9 @@ def swept_values(jobs: Sequence[JobSnapshot]) -> dict[str, dict[int, str]]:
 
 
 def _finished(job: JobSnapshot) -> bool:
-    """Has the job a result to show (it ran to its end, or its result was taken from a run)."""
-    return job.status in (SweepJobStatus.FINISHED, SweepJobStatus.SKIPPED, SweepJobStatus.PRUNED)
+    """Has the job a final result: it ran to its end, or its result was taken from a run (a
+    pruned trial's value is an early stop's, not comparable)."""
+    return job.status in (SweepJobStatus.FINISHED, SweepJobStatus.SKIPPED)
 
 
 def _numbers(value: Any) -> list[float] | None:
