@@ -26,7 +26,7 @@ __all__ = ["REQUIRED", "JobTimes", "Timers", "cpu_seconds", "instrument"]
 TARGETS: dict[str, tuple[str, ...]] = {
     "session": ("submit_batch", "_compose", "refresh_context", "wait_any", "_finish"),
     "session.composer": ("compose", "_hydra", "_shortcut"),
-    "session.recorder": ("prepare", "open", "record", "flush"),
+    "session.recorder": ("prepare", "open", "started", "record", "flush"),
     "session.recorder.store": (
         "decide",
         "start_sweep",

@@ -2,14 +2,18 @@
 
     <sweep dir>/                    SweepPaths
       multirun.yaml                 the sweep's config, as Hydra's sweepers write it
+      furcate_sweep.json            where the sweep records: store, experiment, sweep run
+                                    (written at its start; ``furcate status`` reads it)
       run_data.csv                  one row per job (furcate's run_data.csv)
       summary.md                    counts per outcome, the jobs that did not finish and why
       optimization_results.yaml     the Optuna sweeper's best trial(s), plus its plots
       optuna.db                     the study of an Optuna sweep with ``storage: null``
                                     (``optuna-2.db``, ... where the dir is reused)
+      report/                       ``furcate report``: report.html and its figures as PNGs
       <job subdir>/                 JobPaths: Hydra's job dir (``.hydra/`` is Hydra's own)
         stdout.log  stderr.log      what the job's process printed
-        run_data.json               what the launcher recorded of the job
+        run_data.json               what the launcher recorded of the job: written RUNNING
+                                    when its process starts, again when it ends
         checkpoints/                epoch checkpoints and their verified pointer, last.json;
                                     a resumed run keeps the directory its first attempt had
         history.json  plots/        the epoch history ``fit`` keeps, drawn per metric
@@ -109,8 +113,11 @@ class SweepPaths:
     RUN_DATA_CSV = "run_data.csv"
     SUMMARY = "summary.md"
     MULTIRUN_YAML = "multirun.yaml"
+    SWEEP_RECORD = "furcate_sweep.json"
     OPTIMIZATION_RESULTS = "optimization_results.yaml"
     STUDY_DB = "optuna.db"
+    REPORT_DIR = "report"
+    REPORT_HTML = "report.html"
 
     @classmethod
     def of(cls, sweep_dir: Path | str) -> SweepPaths:
@@ -129,8 +136,20 @@ class SweepPaths:
         return self.sweep_dir / self.MULTIRUN_YAML
 
     @property
+    def sweep_record(self) -> Path:
+        return self.sweep_dir / self.SWEEP_RECORD
+
+    @property
     def optimization_results(self) -> Path:
         return self.sweep_dir / self.OPTIMIZATION_RESULTS
+
+    @property
+    def report_dir(self) -> Path:
+        return self.sweep_dir / self.REPORT_DIR
+
+    @property
+    def report_html(self) -> Path:
+        return self.report_dir / self.REPORT_HTML
 
     def new_study_db(self) -> Path:
         """A sqlite file no earlier sweep wrote, for a study of this sweep only (``storage:

@@ -21,6 +21,7 @@ SHARED = (
     "furcate_hydra.layout",
     "furcate_hydra.progress",
     "furcate_hydra.known_warnings",
+    "furcate_hydra.reasons",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 
@@ -48,6 +49,12 @@ RULES = (
         "furcate_hydra/lightning",
         (*SHARED, ENV_VARS, "furcate_hydra.lightning", "furcate_hydra.tuning"),
         HYDRA,
+    ),
+    # the furcate command: reads stores and sweep dirs, where the sweep's code need not run
+    Rule(
+        "furcate_hydra/cli",
+        (*SHARED, "furcate_hydra.store", "furcate_hydra.cli"),
+        (*HYDRA, "torch", "pytorch_lightning", "optuna"),
     ),
     Rule(
         "furcate_hydra/hydra_layer",

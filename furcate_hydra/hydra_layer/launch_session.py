@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
 from furcate_hydra.execution import interrupts
-from furcate_hydra.execution.executor import Executor
+from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.local_pool import LocalPool
@@ -92,6 +92,7 @@ class LaunchSession:
         output = self.view.write_output if self.view.owns_output else None
         self.executor = start_executor(plan, self._context, options, output)
         self.executor.add_listener(self.tally.on_event)
+        self.executor.add_listener(self._on_event)
         self.summary = SweepSummary()
         self.fail_fast = options.fail_fast
         self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
@@ -205,6 +206,10 @@ class LaunchSession:
         self._jobs.clear()
         interrupts.restore()
         return stopped
+
+    def _on_event(self, event: JobEvent) -> None:
+        if event.kind is EventKind.STARTED:
+            self.recorder.started(event.job)
 
     def _compose(self, request: JobRequest) -> JobRecord:
         num = request.num

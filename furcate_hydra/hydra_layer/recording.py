@@ -6,6 +6,8 @@ open(job, decision) ──► FINISHED before    → JobReturn from the record, 
                         otherwise          → new RUNNING run (tags, params)
 record(job, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artifacts,
                            run_data.json; a row for run_data.csv
+The first batch also opens the sweep's parent run and writes furcate_sweep.json, which says
+where the sweep records (``furcate status`` starts from it).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from furcate_hydra.store.run_data import (
     write_run_data_csv,
     write_run_data_json,
 )
+from furcate_hydra.store.sweep_record import SweepRecord
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ class JobRecorder:
                 sqlite_wal=options.sqlite_wal,
             )
             log.info("furcate: recording runs in %s (experiment %r)", tracking.uri, experiment)
+        self._sweep_recorded = False
         self._rows: dict[str, JobRow] = {}
         self._metrics_pending: set[str] = set()
         self._csv_written = 0.0
@@ -89,8 +93,8 @@ class JobRecorder:
         for job in jobs:
             job.fingerprint = fingerprint(job.task_config, self.options.fingerprint_ignore)
         decisions: dict[str, Decision] = {}
+        self._ensure_sweep_run()
         if self.store is not None:
-            self._ensure_sweep_run()
             fingerprints = {str(j.fingerprint) for j in jobs}
             decisions = self.store.decide(fingerprints, self.options.rerun, self._code_check)
         run = Decision(Action.RUN)
@@ -190,13 +194,36 @@ class JobRecorder:
         }
 
     def _ensure_sweep_run(self) -> None:
-        assert self.store is not None
-        if self.store.sweep_run_id is None:
+        """The sweep's parent run, and the sweep dir's record of where it is, once."""
+        if self._sweep_recorded:
+            return
+        self._sweep_recorded = True
+        store = self.store
+        if store is not None:
             sweep_dir = self.sweep.sweep_dir
             name = f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"
-            self.store.start_sweep(
+            store.start_sweep(
                 name, {Tags.SWEEP_DIR: str(sweep_dir), Tags.OVERRIDES: self._invocation}
             )
+        SweepRecord(
+            tracking_uri=store.tracking_uri if store else None,
+            experiment_id=store.experiment_id if store else None,
+            experiment_name=store.experiment_name if store else None,
+            sweep_run_id=store.sweep_run_id if store else None,
+            started_at=time.time(),
+            stale_after_s=self.options.stale_after_s,
+        ).write(self.sweep.sweep_record)
+
+    # -- while it runs -------------------------------------------------------------------
+
+    def started(self, job: JobRecord) -> None:
+        """A process started for the job: its run_data.json says RUNNING, since when, where.
+
+        Until then its run is RUNNING in the store but the job is queued; ``furcate status``
+        tells the two apart by this file.
+        """
+        row = self._row(job, RunStatus.RUNNING, None, None)
+        write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
 
     # -- after a job ends ---------------------------------------------------------------
 
@@ -270,7 +297,12 @@ class JobRecorder:
         self.store.close()
 
     def _add_row(self, job: JobRecord, status: RunStatus, value: Any, error: str | None) -> JobRow:
-        row = JobRow(
+        row = self._rows[job.key] = self._row(job, status, value, error)
+        return row
+
+    @staticmethod
+    def _row(job: JobRecord, status: RunStatus, value: Any, error: str | None) -> JobRow:
+        return JobRow(
             job_num=job.num,
             overrides=list(job.overrides),
             status=status.value,
@@ -284,8 +316,6 @@ class JobRecorder:
             end=None if job.skipped else job.ended_at,
             resumed=job.resumed,
         )
-        self._rows[job.key] = row
-        return row
 
 
 def _outcome(job: JobRecord, job_return: JobReturn) -> tuple[RunStatus, Any, str | None]:

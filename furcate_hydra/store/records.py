@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 import enum
+import io
 import json
 import math
 import pickle
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "RETURN_VALUE_ARTIFACT",
@@ -16,6 +17,7 @@ __all__ = [
     "RunStatus",
     "Tags",
     "decode_return_value",
+    "display_return_value",
     "encode_return_value",
 ]
 
@@ -58,6 +60,8 @@ class Tags:
     HEARTBEAT = "furcate.heartbeat"
     SWEEP_DIR = "furcate.sweep_dir"
     CODE_VERSION = "furcate.code_version"  # see store/code_version.py
+    # written by the Optuna sweeper on a trial's run (its TrialTags): the trial's final state
+    OPTUNA_STATE = "optuna.state"
     PARENT_RUN = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 
@@ -122,6 +126,51 @@ def decode_return_value(text: str) -> Any:
     if kind == "repr":
         return body
     raise ValueError(f"unknown return-value record {text[:40]!r}")
+
+
+def display_return_value(text: str) -> Any:
+    """The recorded value for a person to read, without running code from the store.
+
+    ``decode_return_value`` unpickles, which can run anything the pickle names; a reader of
+    someone else's store (``furcate status`` on a shared server) must not. Here a pickle is
+    read only when it holds plain Python values and numpy scalars or arrays (a task returning
+    ``np.float64``); anything else comes back as text saying what it is.
+    """
+    kind, _, body = text.partition(":")
+    if kind == "pickle":
+        try:
+            return _PlainUnpickler(io.BytesIO(base64.b64decode(body))).load()
+        except Exception as exc:
+            return f"<pickled value: {exc}>"
+    if kind == "artifact":
+        return f"<pickled value in the run's artifact {body}>"
+    try:
+        return decode_return_value(text)
+    except ValueError:
+        return text
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds builtins' containers and numpy scalars/arrays only."""
+
+    _ALLOWED: ClassVar[set[tuple[str, str]]] = {
+        ("builtins", "complex"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "slice"),
+        ("numpy", "dtype"),
+        ("numpy", "ndarray"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("collections", "OrderedDict"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"holds a {module}.{name}, not read here")
 
 
 def _same(decoded: Any, original: Any) -> bool:
