@@ -54,6 +54,10 @@ from tests.sweeper_helpers import ran_jobs
                 "y is a number in every config the search space can sample (-1, 0, 1)",
             ],
         ),
+        (
+            ["hydra.job.name=../../x"],
+            ["Invalid hydra.job.name='../../x'", "outside the sweep dir"],
+        ),
     ],
 )
 def test_bad_options_stop_before_any_trial(

@@ -1,12 +1,12 @@
 """Exclusion rules judged on each config as Hydra composes it, so defaults and group choices count.
 
 Every config of the grid is composed here, before anything runs: a config that cannot be
-composed fails the sweep at once (as Hydra's ``validate_batch_is_legal`` does), and a rule
-key found in no composed config is refused as a typo. Rules that match no config are found
-too: one whose values are all of a type the key never has is refused, the others are
-reported (``FilteredGrid.unmatched``) for the sweeper to warn about. The composed values a
-rule reads are kept per config, so an edit of the rules costs no composition unless it names
-new keys.
+composed fails the sweep at once (as Hydra's ``validate_batch_is_legal`` does), so does one
+whose job would write outside the sweep dir (``job_dirs``), and a rule key found in no
+composed config is refused as a typo. Rules that match no config are found too: one whose
+values are all of a type the key never has is refused, the others are reported
+(``FilteredGrid.unmatched``) for the sweeper to warn about. The composed values a rule reads
+are kept per config, so an edit of the rules costs no composition unless it names new keys.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.types import HydraContext
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from furcate_hydra.hydra_layer.compose import SweepComposer
+from furcate_hydra.hydra_layer.job_dirs import check_job_paths
 from furcate_hydra.hydra_layer.options import OptionError, plain
 from furcate_hydra.hydra_layer.task_config import as_job
 from furcate_hydra.sweeping.exclusion import ABSENT, ConfigView, ExclusionRule, unknown_keys
@@ -82,12 +83,16 @@ class GridFilter:
 
     def __init__(self, hydra_context: HydraContext, master_config: DictConfig) -> None:
         self.composer = SweepComposer(hydra_context, master_config)
+        self.sweep_dir = str(master_config.hydra.sweep.dir)
         self._values: dict[Config, dict[str, Any]] = {}
+        # per config, why its job could not run where it would write (None: it can)
+        self._path_errors: dict[Config, OptionError | None] = {}
 
     def forget(self) -> None:
         """The config files changed: compose from them again."""
         self.composer.forget()
         self._values.clear()
+        self._path_errors.clear()
 
     def apply(
         self,
@@ -108,6 +113,9 @@ class GridFilter:
                 kept.append(config)
             else:
                 excluded_by[rule] += 1
+        for config in kept:  # a config that never runs may write anywhere
+            if (error := self._path_errors.get(config)) is not None:
+                raise error
         unmatched: list[UnmatchedRule] = []
         if whole:
             domains = _domains(views, rules)
@@ -119,16 +127,19 @@ class GridFilter:
         self, configs: Sequence[Sequence[str]], rules: Sequence[ExclusionRule]
     ) -> dict[str, Values]:
         """Compose configs that stand for a space too large to list (an Optuna search space:
-        one config per choice): refuse a rule key none of them has; return the values they
-        hold at each rule key."""
+        one config per choice): refuse a rule key none of them has, and a job dir outside the
+        sweep dir; return the values they hold at each rule key."""
         views = self._views([tuple(c) for c in configs], rules, check_keys=True)
+        for config in configs:
+            if (error := self._path_errors.get(tuple(config))) is not None:
+                raise error
         return _domains(views, rules)
 
     def _views(
         self, configs: Sequence[Config], rules: Sequence[ExclusionRule], check_keys: bool
     ) -> list[_Values]:
         keys = list(dict.fromkeys(key for rule in rules for key in rule.keys))
-        views = [self._view(config, keys) for config in configs]
+        views = [self._view(config, keys, num) for num, config in enumerate(configs)]
         if check_keys and (unknown := unknown_keys(rules, views)):
             index = next(i for i, rule in enumerate(rules) if unknown[0] in rule.keys)
             raise OptionError(
@@ -141,13 +152,29 @@ class GridFilter:
             )
         return views
 
-    def _view(self, config: Config, keys: Sequence[str]) -> _Values:
+    def _view(self, config: Config, keys: Sequence[str], num: int) -> _Values:
         known = self._values.get(config)
         if known is None or any(key not in known for key in keys):
             # Composing also proves the config composes, before any job runs.
             sweep_config = self.composer.compose(list(config))
             known = self._values[config] = self._read(sweep_config, config, keys)
+            if config not in self._path_errors:
+                self._path_errors[config] = self._path_error(sweep_config, config, num)
         return _Values(known)
+
+    def _path_error(self, sweep_config: DictConfig, config: Config, num: int) -> OptionError | None:
+        # The number a job gets is decided when it starts; a path's place does not depend on
+        # its digits, so the config's place in the grid stands in for it.
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.num = num
+            sweep_config.hydra.job.id = num
+        label = f"the config {' '.join(config)}" if config else "the config with no overrides"
+        try:
+            with as_job(sweep_config):
+                check_job_paths(sweep_config, self.sweep_dir, label)
+        except OptionError as exc:
+            return exc
+        return None
 
     @staticmethod
     def _read(sweep_config: DictConfig, config: Config, keys: Sequence[str]) -> dict[str, Any]:

@@ -60,7 +60,8 @@ __all__ = ["run_study"]
 
 log = logging.getLogger(__name__)
 
-# Configs composed up front to check exclusion keys: one per choice of each categorical param.
+# Configs composed up front to check job dirs and exclusion keys: one per choice of each
+# categorical param.
 _MAX_PROBES = 64
 # How messages name the configs exclusion rules are judged on, without a grid to list them.
 _SAMPLED = "the search space can sample"
@@ -105,7 +106,7 @@ class StudySweep:
         )
         self.filter = GridFilter(hydra_context, config)
         grid_sampler = isinstance(options.sampler, functools.partial)
-        self._check_exclusion_rules(judge_rules=not grid_sampler)
+        self._check_before_trials(judge_rules=not grid_sampler)
         sampler, n_trials = self._sampler(options.sampler, options.n_trials)
         self.study_name = options.study_name or str(config.hydra.job.name)
         self.storage = study_storage(options.storage, SweepPaths.of(str(config.hydra.sweep.dir)))
@@ -365,17 +366,15 @@ class StudySweep:
         self.study.sampler = instantiate(config.hydra.sweeper.sampler, seed=int(seed) + known)
         log.info("furcate_optuna: sampler seeded with %d + %d trials in the study", seed, known)
 
-    def _check_exclusion_rules(self, judge_rules: bool) -> None:
-        """Before the first trial: refuse a rule key in no config (a typo), on one config per
-        choice of each categorical param (a group choice decides which keys exist); then,
-        unless a grid sampler lists every config, judge the rules against the search space
-        (``_judge_rules``)."""
+    def _check_before_trials(self, judge_rules: bool) -> None:
+        """Before the first trial: refuse a job dir outside the sweep dir and a rule key in no
+        config (a typo), on one config per choice of each categorical param (a group choice
+        decides which keys exist); then, unless a grid sampler lists every config, judge the
+        rules against the search space (``_judge_rules``)."""
         rules = self.options.rules
-        if not rules:
-            return
         probes, complete = _probe_configs(self.space)
-        seen = self.filter.probe(probes, rules)
-        if judge_rules:
+        seen = self.filter.probe(probes if rules else probes[:1], rules)
+        if rules and judge_rules:
             self._judge_rules(seen if complete else {})
 
     def _judge_rules(self, seen: Mapping[str, Domain]) -> None:

@@ -1,8 +1,8 @@
 """Run a grid sweep: plan the grid, then stream it onto the launcher's slots (or launch batches).
 
 params + command line ──► grid ──► exclusion rules on composed configs ──► SweepQueue
-                           (rules of the wrong type: refused; rules matching no config: a
-                            warning)
+                           (job dirs outside the sweep dir, rules of the wrong type: refused;
+                            rules matching no config: a warning)
 furcate launcher: submit one job per free slot ──► wait_any ──► next job at once
 any other launcher: launch() a batch, wait for all of it, next batch
 between waits: primary config file edited? ──► new grid ──► queue gains / drops configs
