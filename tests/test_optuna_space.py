@@ -12,11 +12,14 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.sweeping.exclusion import parse_exclusions
+from furcate_hydra.sweeping.rule_reach import Reach, unmatched_rules
 from furcate_hydra.tuning.pruners import pruner_from_spec
 from hydra_plugins.furcate_optuna_sweeper._space import (
     grid_values,
     override_line,
     parse_search_space,
+    space_domains,
 )
 from hydra_plugins.furcate_optuna_sweeper.config import (
     HyperbandPrunerConf,
@@ -56,6 +59,43 @@ def space(**params: str) -> Any:
 )
 def test_distributions(value: str, expected: Any) -> None:
     assert space(x=value).distributions == {"x": expected}
+
+
+def test_exclusion_rules_are_judged_on_what_each_param_can_sample() -> None:
+    # choices and int ranges are finite: a value outside them is never sampled; a float
+    # range's bounds are known, and an exact value inside an interval almost never comes up
+    searched = parse_search_space(
+        {
+            "y": "choice(-1, 0, 1)",
+            "n": "int(interval(1, 8))",
+            "batch": "range(32, 256, step=32)",
+            "x": "interval(-2.0, 2.0)",
+            "db/engine": "choice(sqlite, postgres)",
+        },
+        ["+model=choice(small,big)", "epochs=3"],
+        PARSER,
+    )
+    domains = space_domains(searched)
+    assert "epochs" not in domains  # fixed: judged on composed configs by the sweeper
+    cases = [
+        ({"y": 5}, Reach.NO_VALUE),
+        ({"y": "abc"}, Reach.WRONG_TYPE),
+        ({"y": "1"}, None),
+        ({"n": 9}, Reach.NO_VALUE),
+        ({"n": 2.5}, Reach.NO_VALUE),
+        ({"n": True}, Reach.WRONG_TYPE),
+        ({"batch": [48, 80]}, Reach.NO_VALUE),
+        ({"batch": 96}, None),
+        ({"x": 3.0}, Reach.NO_VALUE),
+        ({"x": 0.5}, Reach.ALMOST_NEVER),
+        ({"x": "abc"}, Reach.WRONG_TYPE),
+        ({"model": "huge"}, Reach.NO_VALUE),  # a group choice, the "+" of its override aside
+        ({"db.engine": "mysql"}, Reach.NO_VALUE),
+        ({"db/engine": "sqlite"}, None),
+    ]
+    for rule, expected in cases:
+        found = unmatched_rules(parse_exclusions([rule]), domains)
+        assert (found[0].reach if found else None) is expected, rule
 
 
 def test_a_shuffled_range_is_a_choice_of_the_values_hydra_lists() -> None:

@@ -47,6 +47,27 @@ def test_exclusions_match_lists_dotted_keys_and_group_choices(tmp_path: Path) ->
     assert list(ran_jobs(tmp_path / "sweep")) == [0, 1]
 
 
+def test_rules_that_match_no_config_are_named_with_the_grids_values(tmp_path: Path) -> None:
+    rules = "hydra.sweeper.exclude=[{model: small}, {sleep: 0.5}, {model: big, model.width: 8}]"
+    result = run_probe_sweep(tmp_path, *GRID, "+model=small,big", "sleep=0,0.01", rules)
+    assert result.returncode == 0, result.stderr
+    assert ran_overrides(tmp_path / "sweep") == [
+        ("+model=big", "sleep=0"),
+        ("+model=big", "sleep=0.01"),
+    ]
+    warnings = [line for line in result.stdout.splitlines() if "excludes nothing" in line]
+    assert len(warnings) == 2, result.stdout
+    assert warnings[0].endswith(
+        "furcate: hydra.sweeper.exclude[1] {sleep=0.5} matches no config of the grid, so it "
+        "excludes nothing: sleep is one of 0, 0.01 in the configs of the grid"
+    )
+    assert warnings[1].endswith(
+        "furcate: hydra.sweeper.exclude[2] {model='big', model.width=8} matches no config of "
+        "the grid, so it excludes nothing: each of its values occurs, but no config of the "
+        "grid has them together (model: 'small', 'big'; model.width: 8, 64)"
+    )
+
+
 def test_grid_syntax_and_order_are_hydras(tmp_path: Path) -> None:
     result = run_probe_sweep(
         tmp_path,
@@ -100,6 +121,13 @@ BAD_OPTIONS = [
     (["sleep=interval(0,1)"], "Invalid sleep='interval(0,1)': is an interval"),
     (["+hydra.sweeper.params.sleep='1,2,('"], "Invalid hydra.sweeper.params.sleep='1,2,('"),
     (["hydra.sweeper.exclude=[{sleeep: 0}]"], "Invalid hydra.sweeper.exclude[0]='sleeep'"),
+    # a value no config's sleep (a number) can ever equal: the rule could exclude nothing
+    (
+        ["hydra.sweeper.exclude=[{sleep: 0}, {sleep: [abc, true]}]"],
+        "Invalid hydra.sweeper.exclude[1].sleep=['abc', True]: can never match, so the rule "
+        "excludes nothing: sleep is a number in every config of the grid (0, 0.01), which "
+        "'abc' (a string) or True (a boolean) can never equal",
+    ),
     # found by the sweeper's setup, reading its options (more values below, in this process)
     (["hydra.sweeper.max_batch_size=0"], "Invalid hydra.sweeper.max_batch_size=0"),
 ]
@@ -117,6 +145,7 @@ def test_bad_sweeper_options_stop_before_anything_runs(
     assert "Fix:" in result.stderr
     assert "Traceback" not in result.stderr  # a compact message, not a stack trace
     assert ran_jobs(tmp_path / "sweep") == {}
+    assert not [path for path in (tmp_path / "sweep").glob("*") if path.is_dir()]  # no job dir
     assert job_runs(mlflow_store) == []
 
 

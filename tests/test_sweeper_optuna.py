@@ -192,8 +192,27 @@ def test_excluded_samples_never_run_and_do_not_count(tmp_path: Path) -> None:
     study = load_study(tmp_path)
     excluded = [t for t in study.trials if "furcate:excluded" in t.system_attrs]
     assert excluded, "seeded random sampling over 3 choices hits y=1 in 6 draws"
+    assert "excludes nothing" not in result.stdout  # the rule can match: no warning
     assert all(t.params["y"] == 1 and t.state is TrialState.FAIL for t in excluded)
     assert states(study) == {"COMPLETE": 6, "FAIL": len(excluded)}
+
+
+def test_rules_no_sample_can_match_are_named_before_the_first_trial(tmp_path: Path) -> None:
+    result = run_study(
+        tmp_path, "hydra.sweeper.exclude=[{y: 5}, {x: 0.5}]", "hydra.sweeper.n_trials=2"
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "furcate_optuna: hydra.sweeper.exclude[0] {y=5} matches no config the search space can "
+        "sample, so it excludes nothing: y is one of -1, 0, 1 in the configs the search space "
+        "can sample"
+    ) in result.stdout
+    assert (
+        "furcate_optuna: hydra.sweeper.exclude[1] {x=0.5} will almost never exclude anything: "
+        "x is a number sampled from the interval [-2.0, 2.0], where one exact value is sampled "
+        "with probability 0"
+    ) in result.stdout
+    assert len(ran_jobs(tmp_path / "sweep")) == 2
 
 
 def test_an_all_excluded_space_stops_with_a_clear_error(tmp_path: Path) -> None:

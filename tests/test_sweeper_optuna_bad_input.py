@@ -47,6 +47,17 @@ from tests.sweeper_helpers import ran_jobs
             ["hydra.sweeper.exclude=[{yy: 1}]"],
             ["Invalid hydra.sweeper.exclude[0]='yy'", "names a key that is in no config"],
         ),
+        (
+            ["hydra.sweeper.exclude=[{y: abc}]"],
+            [
+                "Invalid hydra.sweeper.exclude[0].y='abc': can never match",
+                "y is a number in every config the search space can sample (-1, 0, 1)",
+            ],
+        ),
+        (
+            ["hydra.job.name=../../x"],
+            ["Invalid hydra.job.name='../../x'", "outside the sweep dir"],
+        ),
     ],
 )
 def test_bad_options_stop_before_any_trial(

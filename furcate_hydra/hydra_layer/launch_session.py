@@ -1,6 +1,8 @@
 """Translate Hydra's launcher calls into executor calls, and finished jobs into JobReturns.
 
-launch(overrides...) ──► compose each job's config here (SweepComposer, job num/id): a JobRecord
+launch(overrides...) ──► every job's dir and log inside the sweep dir? (check_batch_paths, before
+                        the pool starts; job_dirs) ──► else refused, nothing runs
+                    ──► compose each job's config here (SweepComposer, job num/id): a JobRecord
                     ──► recorder: fingerprint, one MLflow lookup per chunk ──► skip / resume / run
                     ──► executor.submit(record: payload = config, env = run + dirs + trial)
                     ◄── record, state final ──► JobReturn (COMPLETED / FAILED with a typed error)
@@ -12,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import os
 import re
 import signal
 from collections.abc import Iterator, Sequence
@@ -23,7 +24,7 @@ import cloudpickle
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
@@ -40,6 +41,7 @@ from furcate_hydra.hydra_layer.job_context import (
     RemoteTraceback,
     job_payload,
 )
+from furcate_hydra.hydra_layer.job_dirs import check_job_name, check_job_paths, job_output_dir
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
@@ -55,7 +57,7 @@ from furcate_hydra.store import code_version
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LaunchSession", "launch", "streaming", "task_overrides"]
+__all__ = ["LaunchSession", "check_batch_paths", "launch", "streaming", "task_overrides"]
 
 
 class LaunchSession:
@@ -73,12 +75,14 @@ class LaunchSession:
         hydra_context: HydraContext,
         task_function: TaskFunction,
         config: DictConfig,
+        composer: SweepComposer | None = None,
     ) -> None:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
         # Plan and open the store before anything runs, so bad options or an unreachable
         # store cost nothing.
+        check_job_name(config)  # it names the store's experiment, opened below
         try:
             plan = plan_slots(options.slots)
             code = code_version(_module_file(task_function))
@@ -98,7 +102,7 @@ class LaunchSession:
         self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
-        self.composer = SweepComposer(hydra_context, config)
+        self.composer = composer or SweepComposer(hydra_context, config)
         # over one streaming() block, for the log; stale: skipped, though other code finished it
         self.submitted = self.skipped = self.skipped_stale = 0
         self._closed = False
@@ -110,12 +114,14 @@ class LaunchSession:
         hydra_context: HydraContext,
         task_function: TaskFunction,
         config: DictConfig,
+        composer: SweepComposer | None = None,
     ) -> LaunchSession:
         """A new session, its signal handlers installed before the fork server's warm-up, so
-        that a Ctrl-C during it is never lost; one during it ends the app with one line."""
+        that a Ctrl-C during it is never lost; one during it ends the app with one line.
+        ``composer``: one the caller composed jobs with already (its configs are cached)."""
         interrupts.install()
         try:
-            return cls(options, hydra_context, task_function, config)
+            return cls(options, hydra_context, task_function, config, composer)
         except KeyboardInterrupt:
             interrupts.restore()
             log.warning("furcate: interrupted while starting; no job ran")
@@ -213,18 +219,16 @@ class LaunchSession:
 
     def _compose(self, request: JobRequest) -> JobRecord:
         num = request.num
-        sweep_config = self.composer.compose(request.overrides)
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = num
-            sweep_config.hydra.job.num = num
+        sweep_config = _job_config(self.composer, request)
         with as_job(sweep_config):
-            paths = JobPaths.of(_output_dir(sweep_config))
+            check_job_paths(sweep_config, self.recorder.sweep.sweep_dir, _name(request))
+            paths = JobPaths.of(job_output_dir(sweep_config))
             task = task_container(sweep_config)
         return JobRecord(
             key=str(num),
             num=num,
             overrides=tuple(request.overrides),
-            label=" ".join(task_overrides(request.overrides)),
+            label=_label(request),
             paths=paths,
             env=dict(request.env),
             config=sweep_config,
@@ -309,6 +313,24 @@ def start_executor(
 ) -> Executor:
     """The executor that runs the session's jobs: the one place a backend is chosen."""
     return LocalPool(plan, context, options.pool, output)
+
+
+def check_batch_paths(
+    composer: SweepComposer,
+    sweep_dir: str,
+    job_overrides: Sequence[Sequence[str]],
+    initial_job_idx: int,
+) -> None:
+    """Refuse a ``launch()`` batch of which a job would write outside the sweep dir, before
+    any of it runs (Hydra's basic sweeper hands over the whole sweep at once). Each config is
+    composed here and again when its chunk is submitted, so that no more than a chunk of
+    configs is held at a time."""
+    for i, overrides in enumerate(job_overrides):
+        interrupts.check()
+        request = JobRequest(overrides, initial_job_idx + i)
+        sweep_config = _job_config(composer, request)
+        with as_job(sweep_config):
+            check_job_paths(sweep_config, sweep_dir, _name(request))
 
 
 def launch(
@@ -405,9 +427,18 @@ def _module_file(task_function: TaskFunction) -> Path | None:
     return Path(source) if source else None
 
 
-def _output_dir(sweep_config: DictConfig) -> str:
-    # The same rule run_job applies in the job (call inside as_job), evaluated here so the
-    # executor knows where the job's logs go even if the job dies before Hydra creates its dir.
-    sweep_dir = str(OmegaConf.select(sweep_config, "hydra.sweep.dir"))
-    subdir = str(OmegaConf.select(sweep_config, "hydra.sweep.subdir"))
-    return os.path.join(sweep_dir, subdir)
+def _job_config(composer: SweepComposer, request: JobRequest) -> DictConfig:
+    sweep_config = composer.compose(request.overrides)
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = request.num
+        sweep_config.hydra.job.num = request.num
+    return sweep_config
+
+
+def _label(request: JobRequest) -> str:
+    return " ".join(task_overrides(request.overrides))
+
+
+def _name(request: JobRequest) -> str:
+    """The job as messages name it: ``job #3 (lr=0.1)``."""
+    return f"job #{request.num} ({_label(request) or 'no overrides'})"

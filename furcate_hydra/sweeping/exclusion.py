@@ -20,6 +20,7 @@ __all__ = [
     "ConfigView",
     "ExclusionRule",
     "parse_exclusions",
+    "same_value",
     "unknown_keys",
 ]
 
@@ -69,7 +70,7 @@ class ExclusionRule:
 
     def matches(self, view: ConfigLookup) -> bool:
         return all(
-            any(_same(view.get(key), allowed) for allowed in values)
+            any(same_value(view.get(key), allowed) for allowed in values)
             for key, values in self.conditions
         )
 
@@ -135,7 +136,9 @@ def _flatten(entry: Mapping[Any, Any], prefix: str) -> Iterable[tuple[str, Any]]
             yield dotted, value
 
 
-def _same(actual: Any, wanted: Any) -> bool:
+def same_value(actual: Any, wanted: Any) -> bool:
+    """Whether a config's value ``actual`` is the rule's value ``wanted``: numbers match
+    however they are written, booleans only booleans."""
     if actual is ABSENT:
         return False
     if isinstance(actual, bool) or isinstance(wanted, bool):

@@ -13,6 +13,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 if TYPE_CHECKING:
+    from furcate_hydra.hydra_layer.compose import SweepComposer
     from furcate_hydra.hydra_layer.launch_session import LaunchSession
     from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
     from furcate_hydra.hydra_layer.streaming import JobRequest, JobRun
@@ -33,6 +34,7 @@ class FurcateLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.config: DictConfig | None = None
         self._session: LaunchSession | None = None
+        self._composer: SweepComposer | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     @staticmethod
@@ -58,8 +60,11 @@ class FurcateLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from furcate_hydra.hydra_layer.launch_session import launch
+        from furcate_hydra.hydra_layer.launch_session import check_batch_paths, launch
 
+        # before the pool starts: a batch refused for where it writes costs no warm-up
+        sweep_dir = str(self._setup()[-1].hydra.sweep.dir)
+        check_batch_paths(self.composer(), sweep_dir, job_overrides, initial_job_idx)
         return launch(self.session(), job_overrides, initial_job_idx)
 
     # -- StreamingLauncher ---------------------------------------------------------------
@@ -98,29 +103,39 @@ class FurcateLauncher(Launcher):
         self.session().sweep_status(to_come, best, pruned)
 
     def config_files_changed(self) -> None:
-        if self._session is not None:
-            self._session.composer.forget()
+        if self._composer is not None:
+            self._composer.forget()
 
     # -- lifetime ------------------------------------------------------------------------
+
+    def composer(self) -> SweepComposer:
+        """What composes the jobs' configs, the session's and the checks' before it."""
+        if self._composer is None:
+            from furcate_hydra.hydra_layer.compose import SweepComposer
+
+            _, hydra_context, _, config = self._setup()
+            self._composer = SweepComposer(hydra_context, config)
+        return self._composer
 
     def session(self) -> LaunchSession:
         """The warm pool, started on first use and stopped when the launcher goes away."""
         if self._session is None:
             from furcate_hydra.hydra_layer.launch_session import LaunchSession
 
-            if (
-                self.options is None
-                or self.hydra_context is None
-                or self.task_function is None
-                or self.config is None
-            ):
-                raise RuntimeError("FurcateLauncher.setup() must be called before launching jobs")
-            self._session = LaunchSession.start(
-                self.options, self.hydra_context, self.task_function, self.config
-            )
+            self._session = LaunchSession.start(*self._setup(), self.composer())
             # Also at interpreter exit; the fork server stops its jobs if we vanish without it.
             self._finalizer = weakref.finalize(self, self._session.close)
         return self._session
+
+    def _setup(self) -> tuple[LauncherOptions, HydraContext, TaskFunction, DictConfig]:
+        if (
+            self.options is None
+            or self.hydra_context is None
+            or self.task_function is None
+            or self.config is None
+        ):
+            raise RuntimeError("FurcateLauncher.setup() must be called before launching jobs")
+        return self.options, self.hydra_context, self.task_function, self.config
 
     def close(self) -> None:
         """Stop the warm pool and every job still running; idempotent."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +25,16 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
-from furcate_hydra.hydra_layer.exclusion_filter import GridFilter
+from furcate_hydra.hydra_layer.exclusion_filter import (
+    GridFilter,
+    refuse_wrong_types,
+    unmatched_warning,
+)
 from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.layout import SweepPaths
+from furcate_hydra.sweeping.rule_reach import Domain, unmatched_rules
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
 from hydra_plugins.furcate_optuna_sweeper._results import write_results
@@ -38,6 +43,7 @@ from hydra_plugins.furcate_optuna_sweeper._space import (
     grid_values,
     override_line,
     parse_search_space,
+    space_domains,
 )
 from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
@@ -54,8 +60,11 @@ __all__ = ["run_study"]
 
 log = logging.getLogger(__name__)
 
-# Configs composed up front to check exclusion keys: one per choice of each categorical param.
+# Configs composed up front to check job dirs and exclusion keys: one per choice of each
+# categorical param.
 _MAX_PROBES = 64
+# How messages name the configs exclusion rules are judged on, without a grid to list them.
+_SAMPLED = "the search space can sample"
 
 
 @dataclass
@@ -95,8 +104,9 @@ class StudySweep:
         self.space = parse_search_space(
             dict(options.params), arguments, parser, options.search_space
         )
-        self.filter = GridFilter(hydra_context, config) if options.rules else None
-        self._check_exclusion_keys()
+        self.filter = GridFilter(hydra_context, config)
+        grid_sampler = isinstance(options.sampler, functools.partial)
+        self._check_before_trials(judge_rules=not grid_sampler)
         sampler, n_trials = self._sampler(options.sampler, options.n_trials)
         self.study_name = options.study_name or str(config.hydra.job.name)
         self.storage = study_storage(options.storage, SweepPaths.of(str(config.hydra.sweep.dir)))
@@ -194,9 +204,9 @@ class StudySweep:
         return [*self.space.fixed, *(override_line(k, params[k]) for k in ordered)]
 
     def _excluded_by(self, task: list[str]) -> str | None:
-        if self.filter is None:
+        if not self.options.rules:
             return None
-        result = self.filter.apply([task], self.options.rules, check_keys=False)
+        result = self.filter.apply([task], self.options.rules, whole=False)
         if result.kept:
             return None
         return str(next(iter(result.excluded_by)))
@@ -336,10 +346,12 @@ class StudySweep:
         if isinstance(sampler, functools.partial):  # GridSampler waits for its grid
             grid = {k: grid_values(k, d) for k, d in self.space.distributions.items()}
             size = math.prod(len(v) for v in grid.values())
-            if self.filter is not None:
-                size = len(
-                    self.filter.apply(_grid_configs(self.space, grid), self.options.rules).kept
-                )
+            if self.options.rules:
+                # every config is known: rules are judged on them all, as the grid sweeper does
+                filtered = self.filter.apply(_grid_configs(self.space, grid), self.options.rules)
+                for warning in filtered.warnings():
+                    log.warning("furcate_optuna: %s", warning)
+                size = len(filtered.kept)
             if size < n_trials:
                 log.info(
                     "furcate_optuna: the grid has %d configs to run: n_trials is %d", size, size
@@ -360,14 +372,31 @@ class StudySweep:
         self.study.sampler = instantiate(config.hydra.sweeper.sampler, seed=int(seed) + known)
         log.info("furcate_optuna: sampler seeded with %d + %d trials in the study", seed, known)
 
-    def _check_exclusion_keys(self) -> None:
-        """A rule key in no config is a typo: refuse it before the first trial, as the grid
-        sweeper does. Checked on one config per choice of each categorical param (a group
-        choice decides which keys exist)."""
-        if self.filter is None:
-            return
-        probes = _probe_configs(self.space)
-        self.filter.apply(probes, self.options.rules)
+    def _check_before_trials(self, judge_rules: bool) -> None:
+        """Before the first trial: refuse a job dir outside the sweep dir and a rule key in no
+        config (a typo), on one config per choice of each categorical param (a group choice
+        decides which keys exist); then, unless a grid sampler lists every config, judge the
+        rules against the search space (``_judge_rules``)."""
+        rules = self.options.rules
+        probes, complete = _probe_configs(self.space)
+        seen = self.filter.probe(probes if rules else probes[:1], rules)
+        if rules and judge_rules:
+            self._judge_rules(seen if complete else {})
+
+    def _judge_rules(self, seen: Mapping[str, Domain]) -> None:
+        """Refuse a rule of the wrong type and warn about one that matches nothing. A param's
+        key is judged on its distribution: a choice's options, an int range's values, a float
+        range's bounds (an exact value inside a continuous interval is almost never sampled:
+        a warning too). Another key is judged on the values the probes composed, unless a
+        custom search space may set it."""
+        domains: dict[str, Domain] = {}
+        if self.options.custom_search_space is None:
+            domains.update(seen)
+        domains.update(space_domains(self.space))
+        unmatched = unmatched_rules(self.options.rules, domains)
+        refuse_wrong_types(unmatched, _SAMPLED)
+        for miss in unmatched:
+            log.warning("furcate_optuna: %s", unmatched_warning(miss, _SAMPLED))
 
     def _note_best(self, number: int, values: Sequence[float] | None) -> None:
         # one objective: the best value so far; several: Optuna's Pareto front has no one best
@@ -387,15 +416,17 @@ class StudySweep:
         self.study._storage.set_trial_system_attr(trial._trial_id, key, value)
 
 
-def _probe_configs(space: SearchSpace) -> list[list[str]]:
+def _probe_configs(space: SearchSpace) -> tuple[list[list[str]], bool]:
+    """Configs with each choice of each categorical param, the other params at their first
+    value; and whether every choice got one (at most ``_MAX_PROBES`` are composed)."""
     base = {k: _first_value(d) for k, d in space.distributions.items()}
     probes = [space.overrides(base)]
     for key, distribution in space.distributions.items():
         for choice in getattr(distribution, "choices", ())[1:]:
             if len(probes) >= _MAX_PROBES:
-                return probes
+                return probes, False
             probes.append(space.overrides({**base, key: choice}))
-    return probes
+    return probes, True
 
 
 def _first_value(distribution: Any) -> Any:

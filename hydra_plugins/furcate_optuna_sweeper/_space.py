@@ -38,6 +38,7 @@ from hydra.core.override_parser.types import (
 
 from furcate_hydra.hydra_layer.grid import parse_sweep_overrides
 from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.sweeping.rule_reach import Domain, NumberRange, Values
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -47,6 +48,7 @@ __all__ = [
     "grid_values",
     "override_line",
     "parse_search_space",
+    "space_domains",
     "stepped_distribution",
 ]
 
@@ -121,6 +123,32 @@ def grid_values(key: str, distribution: BaseDistribution) -> list[Any]:
         "use range(...) or choice(...) for this key, or another sampler (e.g. "
         "hydra/sweeper/sampler=tpe)",
     )
+
+
+def space_domains(space: SearchSpace) -> dict[str, Domain]:
+    """What a sampled config holds at each param's config key, for judging exclusion rules:
+    a choice's options, or an int or float distribution's range (the key both as a dotted
+    config key and as a config group, ``db.engine`` and ``db/engine``)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    domains: dict[str, Domain] = {}
+    for key, distribution in space.distributions.items():
+        domain: Domain
+        if isinstance(distribution, CategoricalDistribution):
+            domain = Values.distinct(distribution.choices)
+        elif isinstance(distribution, IntDistribution | FloatDistribution):
+            domain = NumberRange(
+                distribution.low,
+                distribution.high,
+                distribution.step,
+                integer=isinstance(distribution, IntDistribution),
+                log=distribution.log,
+            )
+        else:
+            continue
+        name = key.lstrip("+~").partition("@")[0]
+        domains[name.replace("/", ".")] = domains[name.replace(".", "/")] = domain
+    return domains
 
 
 def stepped_distribution(

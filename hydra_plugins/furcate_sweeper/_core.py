@@ -1,6 +1,8 @@
 """Run a grid sweep: plan the grid, then stream it onto the launcher's slots (or launch batches).
 
 params + command line ──► grid ──► exclusion rules on composed configs ──► SweepQueue
+                           (job dirs outside the sweep dir, rules of the wrong type: refused;
+                            rules matching no config: a warning)
 furcate launcher: submit one job per free slot ──► wait_any ──► next job at once
 any other launcher: launch() a batch, wait for all of it, next batch
 between waits: primary config file edited? ──► new grid ──► queue gains / drops configs
@@ -93,6 +95,8 @@ class GridSweep:
         hydra_context, config = context.hydra_context, context.config
         grid = planner.plan(options.spec)
         log.info("furcate: %s", grid.describe())
+        for warning in grid.warnings():
+            log.warning("furcate: %s", warning)
         self.queue = SweepQueue(grid.kept)
         self.returns: dict[int, JobReturn] = {}
         self.next_num = 0
@@ -179,6 +183,8 @@ class GridSweep:
             change.already_taken,
             len(self.queue),
         )
+        for warning in grid.warnings():
+            log.warning("furcate: %s", warning)
 
     def ordered_returns(self) -> list[JobReturn]:
         return [self.returns[num] for num in sorted(self.returns)]
