@@ -79,6 +79,13 @@ class LaunchSession:
             raise as_option_error(exc) from None
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
+        # seconds of imports, before the first job can start
+        log.info(
+            "furcate: starting the fork server (importing %s once, for every job to start from) …",
+            ", ".join(options.pool.preload) + " and the task's module"
+            if options.pool.preload
+            else "the task's module",
+        )
         self.executor = start_executor(plan, self._context, options)
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
