@@ -221,7 +221,9 @@ def fit_and_evaluate(cfg: DictConfig, env: JobEnv | None = None) -> float:
     atomically after every epoch, and an interrupted job continues from its last one. Without
     it, the same files (history.json, plots, checkpoints) land in the working directory.
     """
-    pl.seed_everything(int(cfg.seed), workers=True)
+    # verbose=False: the seed is in the config (and the job's last log line), so Lightning's
+    # "Seed set to 0" would repeat it once per job of a sweep
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     data = load_data(str(cfg.data_name), float(cfg.val_fraction), int(cfg.seed))
     train_loader, val_loader = build_dataloaders(data, int(cfg.batch_size), int(cfg.num_workers))
     model = build_model(cfg, data)

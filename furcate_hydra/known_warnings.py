@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["ignore_mlflow_sqlalchemy_deprecation"]
+__all__ = ["ignore_lightning_pytree_deprecation", "ignore_mlflow_sqlalchemy_deprecation"]
 
 
 def ignore_mlflow_sqlalchemy_deprecation() -> None:
@@ -30,4 +30,21 @@ def ignore_mlflow_sqlalchemy_deprecation() -> None:
         message=r"The ``noload`` loader strategy is deprecated",
         category=SADeprecationWarning,
         module=r"mlflow\.store\.tracking\.sqlalchemy_store$",
+    )
+
+
+def ignore_lightning_pytree_deprecation() -> None:
+    """Ignore torch's ``LeafSpec`` deprecation, raised once per job by Lightning's own pytree code.
+
+    torch deprecated constructing ``torch.utils._pytree.LeafSpec`` (a ``FutureWarning``), and
+    Lightning's ``pytorch_lightning.utilities._pytree`` still builds one when it wraps the
+    dataloaders, so every job prints it once. Only Lightning can change that line, and the
+    warning is attributed to it (the module matched here), so a ``LeafSpec`` built by anyone
+    else still warns. Call this in the job before training; calling it again changes nothing.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"(pytorch_lightning|lightning\.pytorch)\.utilities\._pytree$",
     )

@@ -49,6 +49,8 @@ def test_optuna_pruning_stops_the_bad_trials(tmp_path: Path, mlflow_store: str) 
     # -- the study ----------------------------------------------------------------------
     assert (tmp_path / "optuna.db").is_file()
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    # named after the monitored metric, which the task returns: not "Objective 0"
+    assert study.metric_names == [CONFIG.hydra.sweeper.monitor]
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]
     assert len(trials) == N_TRIALS, states

@@ -4,7 +4,9 @@ recovered from a dead sweep, and how a job's return is read for Optuna."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -116,6 +118,39 @@ def test_a_study_cannot_change_its_directions(tmp_path: Path) -> None:
     new_study(tmp_path)
     with pytest.raises(OptionError, match="differs from the directions study 's'"):
         new_study(tmp_path, ("maximize",))
+
+
+def test_a_new_study_names_its_values_and_keeps_its_names_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, sampler = f"sqlite:///{tmp_path}/optuna.db", optuna.samplers.RandomSampler(seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Optuna's experimental-API warning is not shown
+        study = open_study(url, "s", ("minimize", "maximize"), sampler, None, ("loss", "acc"))
+    assert study.metric_names == ["loss", "acc"]
+    # names are a study's: a later sweep's other names are not applied, and it says so
+    again = open_study(url, "s", ("minimize", "maximize"), sampler, None, ("l", "a"))
+    assert again.metric_names == ["loss", "acc"]
+    assert "names its values ['loss', 'acc']; kept (not ['l', 'a']" in caplog.text
+    # no names to give (monitor and metric_names unset): the study's stay
+    caplog.clear()
+    assert open_study(url, "s", ("minimize", "maximize"), sampler, None).metric_names == [
+        "loss",
+        "acc",
+    ]
+    assert not caplog.text
+
+
+def test_the_values_are_named_by_metric_names_else_by_the_monitor() -> None:
+    def names(**options: Any) -> tuple[str, ...] | None:
+        parsed = FurcateOptunaSweeper.parse_options({"pruner": {"name": "none"}, **options})
+        return parsed.objective_names
+
+    assert names() is None
+    assert names(monitor="val_loss") == ("val_loss",)
+    assert names(monitor="val_loss", metric_names="final_loss") == ("final_loss",)
+    # two values: the monitor (reported per epoch) names neither
+    assert names(monitor="val_loss", direction=["minimize", "maximize"]) is None
 
 
 def test_relative_sqlite_paths_are_made_absolute_for_jobs(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from furcate_hydra.store import (
     resolve_tracking_uri,
 )
 from furcate_hydra.store.records import MAX_TAG_VALUE, RETURN_VALUE_ARTIFACT
+from furcate_hydra.store.run_store import EXPERIMENT_KIND, MODEL_TRAINING
 from tests.store_helpers import artifact_names, exited_launcher
 
 HEARTBEAT_S = 0.2
@@ -261,6 +262,23 @@ def test_a_deleted_experiment_of_the_same_name_is_restored(mlflow_store: str) ->
     reopened.close()
     assert reopened.experiment_id == exp_id
     assert client.get_experiment(exp_id).lifecycle_stage == "active"
+
+
+def test_experiments_are_marked_as_holding_model_training_runs(mlflow_store: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_store)
+    opened = open_store(mlflow_store, "new")
+    opened.close()
+    assert client.get_experiment(opened.experiment_id).tags[EXPERIMENT_KIND] == MODEL_TRAINING
+    # one made before the mark (by hand, or by an older furcate) gets it when a sweep opens it
+    older = client.create_experiment("older")
+    open_store(mlflow_store, "older").close()
+    assert client.get_experiment(older).tags[EXPERIMENT_KIND] == MODEL_TRAINING
+    # a kind someone chose stays
+    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND: "genai_development"})
+    open_store(mlflow_store, "chosen").close()
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND] == "genai_development"
 
 
 def test_artifacts_live_next_to_the_sqlite_file(

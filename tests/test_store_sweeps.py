@@ -11,12 +11,14 @@ import csv
 import json
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hydra.core.utils import JobStatus
 
+from furcate_hydra.hydra_layer.recording import sweep_run_name
 from furcate_hydra.store import Tags
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
@@ -88,8 +90,19 @@ def test_the_same_sweep_twice_runs_nothing_the_second_time(
     assert ran(tmp_path / "second") == []
     assert "skipped 3 of 3 configs" in second.stdout + second.stderr
     assert len(job_runs(mlflow_store)) == 3
+    # the two sweeps' runs are told apart by their names' start (a narrow column shows that)
+    names = sorted(run.info.run_name for run in sweep_runs(mlflow_store))
+    assert len({name[:20] for name in names}) == 2, names
     rows = list(csv.DictReader((tmp_path / "second" / "run_data.csv").open()))
     assert [row["skipped"] for row in rows] == ["True"] * 3
+
+
+def test_a_sweep_run_is_named_by_its_start_and_its_overrides() -> None:
+    morning = time.mktime((2026, 11, 23, 9, 5, 7, 0, 0, -1))
+    assert sweep_run_name(morning, "+lr=0.1,0.01") == "09:05:07 +lr=0.1,0.01"
+    assert sweep_run_name(morning + 1, "+lr=0.1,0.01") == "09:05:08 +lr=0.1,0.01"
+    assert sweep_run_name(morning, "") == "09:05:07 sweep"  # the grid is in the config
+    assert len(sweep_run_name(morning, "x=" + "1," * 500)) == 240  # MLflow keeps 250
 
 
 def test_skipped_jobs_return_the_recorded_values(launch_jobs: LaunchJobs) -> None:

@@ -242,10 +242,16 @@ def test_a_grid_sampler_runs_each_config_left_by_the_exclusions_once(tmp_path: P
 
 
 def test_several_directions_write_the_pareto_set(tmp_path: Path, mlflow_store: str) -> None:
-    result = run_study(tmp_path, "returns=2", "hydra.sweeper.direction=[minimize,maximize]")
+    result = run_study(
+        tmp_path,
+        "returns=2",
+        "hydra.sweeper.direction=[minimize,maximize]",
+        "hydra.sweeper.metric_names=[loss,score]",
+    )
     assert result.returncode == 0, result.stderr
     results = OmegaConf.load(tmp_path / "sweep" / "optimization_results.yaml")
     study = load_study(tmp_path)
+    assert study.metric_names == ["loss", "score"]  # optuna-dashboard's names of the axes
     assert len(results.solutions) == len(study.best_trials) >= 1
     run = job_runs(mlflow_store)[0]
     assert {"optuna.value.0", "optuna.value.1"} <= set(run.data.metrics)

@@ -86,6 +86,12 @@ def test_bad_options_stop_before_any_trial(
         ({"custom_search_space": "no_such_module.configure"}, "takes (cfg, trial)"),
         ({"max_resamples": 0}, "Invalid hydra.sweeper.max_resamples=0"),
         ({"study_name": ""}, "Invalid hydra.sweeper.study_name=''"),
+        ({"metric_names": ["a", "b"]}, "names 2 values, but the study has 1 direction(s)"),
+        ({"metric_names": [1]}, "Invalid hydra.sweeper.metric_names=[1]: must be names"),
+        (
+            {"metric_names": ["loss", "loss"], "direction": ["minimize", "maximize"]},
+            "names a value twice",
+        ),
     ],
 )
 def test_bad_option_values_are_named_with_their_fix(options: dict[str, Any], expected: str) -> None:

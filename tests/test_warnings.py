@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
+from furcate_hydra.known_warnings import (
+    ignore_lightning_pytree_deprecation,
+    ignore_mlflow_sqlalchemy_deprecation,
+)
 from tests.conftest import run_probe_sweep
 from tests.sweeper_helpers import ran_jobs
 
@@ -76,3 +79,21 @@ def test_only_mlflows_noload_deprecation_is_ignored() -> None:
             warnings.warn_explicit("x is deprecated", SADeprecationWarning, "s.py", 1, store)
         with pytest.raises(DeprecationWarning):  # the message in another category
             warnings.warn_explicit(noload, DeprecationWarning, "sqlalchemy_store.py", 1, store)
+
+
+def test_only_lightnings_leafspec_deprecation_is_ignored() -> None:
+    leafspec = (
+        "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) "
+        "and treespec.is_leaf()` instead."
+    )
+    lightning = "pytorch_lightning.utilities._pytree"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ignore_lightning_pytree_deprecation()
+        warnings.warn_explicit(leafspec, FutureWarning, "_pytree.py", 21, lightning)
+        with pytest.raises(FutureWarning):  # a LeafSpec built anywhere else
+            warnings.warn_explicit(leafspec, FutureWarning, "app.py", 1, "my_app")
+        with pytest.raises(FutureWarning):  # another deprecation in the same module
+            warnings.warn_explicit("x is deprecated", FutureWarning, "_pytree.py", 1, lightning)
+        with pytest.raises(DeprecationWarning):  # the message in another category
+            warnings.warn_explicit(leafspec, DeprecationWarning, "_pytree.py", 21, lightning)

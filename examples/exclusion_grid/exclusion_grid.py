@@ -93,7 +93,8 @@ def main(cfg: DictConfig) -> float:
     """Train one config of the grid and return its validation accuracy."""
     # The data is a few in-memory tensors: loader workers would only add processes.
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    pl.seed_everything(int(cfg.seed), workers=True)
+    # verbose=False: the seed is in the job's config; "Seed set to 0" per job is noise
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     train, val = wine_loaders(int(cfg.batch_size), float(cfg.val_fraction), int(cfg.seed))
     model = WineClassifier(int(cfg.hidden_size), str(cfg.optimizer), float(cfg.learning_rate))
     result = fit(

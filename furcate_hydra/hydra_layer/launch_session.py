@@ -94,6 +94,13 @@ class LaunchSession:
         self.tally = SweepTally(len(plan.slots))
         self.view = make_view(options.progress.mode, self.tally, options.progress.every_s)
         output = self.view.write_output if self.view.owns_output else None
+        # seconds of imports, before the first job can start
+        log.info(
+            "furcate: starting the fork server (importing %s once, for every job to start from) …",
+            ", ".join(options.pool.preload) + " and the task's module"
+            if options.pool.preload
+            else "the task's module",
+        )
         self.executor = start_executor(plan, self._context, options, output)
         self.executor.add_listener(self.tally.on_event)
         self.executor.add_listener(self._on_event)

@@ -49,13 +49,16 @@ from furcate_hydra.store.run_data import (
     write_run_data_json,
 )
 from furcate_hydra.store.sweep_record import SweepRecord
+from furcate_hydra.store.ui_link import experiment_link
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JobRecorder"]
+__all__ = ["JobRecorder", "sweep_run_name"]
 
 # run_data.csv is rewritten at most this often while jobs stream in, and at every batch's end.
 _CSV_EVERY_S = 10.0
+# MLflow's SQL stores keep 250 characters of a run's name; job and sweep names stay below.
+_MAX_RUN_NAME = 240
 
 
 class JobRecorder:
@@ -73,6 +76,8 @@ class JobRecorder:
         if options.enabled:
             tracking = resolve_tracking_uri(options.tracking_uri)
             experiment = options.experiment_name or str(launcher_config.hydra.job.name)
+            # loading MLflow and, the first time, creating a store's tables takes seconds
+            log.info("furcate: opening the MLflow store %s …", tracking.uri)
             self.store = RunStore(
                 tracking,
                 experiment,
@@ -80,7 +85,11 @@ class JobRecorder:
                 options.stale_after_s,
                 sqlite_wal=options.sqlite_wal,
             )
-            log.info("furcate: recording runs in %s (experiment %r)", tracking.uri, experiment)
+            log.info(
+                "furcate: recording runs in experiment %r; to see them: %s",
+                experiment,
+                experiment_link(tracking.uri, self.store.experiment_id),
+            )
         self._sweep_recorded = False
         self._rows: dict[str, JobRow] = {}
         self._metrics_pending: set[str] = set()
@@ -144,7 +153,7 @@ class JobRecorder:
                 job.resumed = True
                 log.info("\t#%d resumes MLflow run %s (%s)", job.num, job.run_id, decision.reason)
             else:
-                name = (job.label or "defaults")[:240]
+                name = (job.label or "defaults")[:_MAX_RUN_NAME]
                 job.run_id = self.store.create_job_run(name, tags, flatten_params(job.task_config))
             job.env.update(
                 {
@@ -201,9 +210,9 @@ class JobRecorder:
         store = self.store
         if store is not None:
             sweep_dir = self.sweep.sweep_dir
-            name = f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"
             store.start_sweep(
-                name, {Tags.SWEEP_DIR: str(sweep_dir), Tags.OVERRIDES: self._invocation}
+                sweep_run_name(time.time(), self._invocation),
+                {Tags.SWEEP_DIR: str(sweep_dir), Tags.OVERRIDES: self._invocation},
             )
         SweepRecord(
             tracking_uri=store.tracking_uri if store else None,
@@ -316,6 +325,16 @@ class JobRecorder:
             end=None if job.skipped else job.ended_at,
             resumed=job.resumed,
         )
+
+
+def sweep_run_name(started: float, invocation: str) -> str:
+    """The sweep's parent run name: what tells sweeps apart, first, as a narrow column cuts it.
+
+    The local time it started (the UI shows the date beside it) and its command-line overrides,
+    ``14:03:27 batch_size=32,64``; a sweep with none is ``14:03:27 sweep``.
+    """
+    clock = time.strftime("%H:%M:%S", time.localtime(started))
+    return f"{clock} {invocation or 'sweep'}"[:_MAX_RUN_NAME]
 
 
 def _outcome(job: JobRecord, job_return: JobReturn) -> tuple[RunStatus, Any, str | None]:

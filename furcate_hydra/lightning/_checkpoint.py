@@ -118,7 +118,9 @@ class AtomicCheckpoint(Checkpoint):
         tmp = self.dirpath / f".{name}.tmp"
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(tmp)
+        # the full state (optimizers, loops, callbacks) is what resuming needs; left unset,
+        # Lightning says it defaulted to that, in a log line per epoch
+        trainer.save_checkpoint(tmp, weights_only=False)
         if not trainer.is_global_zero:
             return final
         digest = _sha256(tmp, fsync=True)

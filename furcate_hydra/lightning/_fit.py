@@ -20,7 +20,9 @@ from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import Logger
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.known_warnings import ignore_lightning_pytree_deprecation
 from furcate_hydra.layout import JobPaths
+from furcate_hydra.lightning._banners import lightning_banners
 from furcate_hydra.lightning._checkpoint import (
     AtomicCheckpoint,
     find_resume_checkpoint,
@@ -71,6 +73,7 @@ def fit(
     datamodule: pl.LightningDataModule | None = None,
     trainer_options: Mapping[str, Any] | None = None,
     env: JobEnv | None = None,
+    banners: bool = False,
 ) -> FitResult:
     """Train ``model``, resuming from the run's last verified checkpoint if there is one.
 
@@ -91,6 +94,9 @@ def fit(
             ``fit`` (only absent, None or True are accepted); ``default_root_dir`` defaults to the
             output dir.
         env: Where to write and what run to record into; read from the environment by default.
+        banners: Let Lightning log its start-up lines (``GPU available: …``, ``TPU available:
+            …``, ``💡 Tip: …``), which every job of a sweep prints alike; left out by default.
+            Lightning's other messages and warnings are shown either way.
 
     Returns:
         A :class:`FitResult`.
@@ -107,24 +113,26 @@ def fit(
     if pruning is not None:
         user_callbacks.append(pruning)
     logger: Logger | bool = RunBoundMLFlowLogger.from_env(env) if env.recording else False
-    trainer = pl.Trainer(
-        **options,
-        logger=logger,
-        # history first: the row of an epoch must be in the checkpoint saved for that epoch
-        callbacks=[history, checkpoint, ProgressFile(env.paths.progress), *user_callbacks],
-        # False would make Lightning reject our Checkpoint callbacks; with them present it adds
-        # no ModelCheckpoint of its own
-        enable_checkpointing=True,
-    )
+    ignore_lightning_pytree_deprecation()
     resume = find_resume_checkpoint(env.checkpoint_dir)
     pointer = read_pointer(env.checkpoint_dir) if resume is not None else None
-    trainer.fit(
-        model,
-        train_dataloaders=train_dataloaders,
-        val_dataloaders=val_dataloaders,
-        datamodule=datamodule,
-        ckpt_path=resume,
-    )
+    with lightning_banners(shown=banners):
+        trainer = pl.Trainer(
+            **options,
+            logger=logger,
+            # history first: the row of an epoch must be in the checkpoint saved for that epoch
+            callbacks=[history, checkpoint, ProgressFile(env.paths.progress), *user_callbacks],
+            # False would make Lightning reject our Checkpoint callbacks; with them present it
+            # adds no ModelCheckpoint of its own
+            enable_checkpointing=True,
+        )
+        trainer.fit(
+            model,
+            train_dataloaders=train_dataloaders,
+            val_dataloaders=val_dataloaders,
+            datamodule=datamodule,
+            ckpt_path=resume,
+        )
 
     history_path = history.path
     plots: list[Path] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from argparse import Namespace
+from collections.abc import Mapping
 from typing import Any
 
 from lightning_fabric.loggers.logger import rank_zero_experiment
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _BATCH = 100  # MLflow's limit of params per log_batch
 _CONFLICT = ErrorCode.Name(INVALID_PARAMETER_VALUE)
+_EPOCH = "epoch"  # the key Lightning's logger connector adds to what it logs
 
 
 class RunBoundMLFlowLogger(MLFlowLogger):
@@ -44,6 +46,10 @@ class RunBoundMLFlowLogger(MLFlowLogger):
       value is logged at DEBUG) instead of failing the fit.
     * Logging is synchronous: a job ends with ``os._exit``, which would drop MLflow's async
       queue, and the launcher reads the run as soon as the process is gone.
+    * ``epoch``, which Lightning adds to every batch of metrics it logs, is logged once per
+      step: the epoch's validation and training metrics come at the same step, and the second
+      point would say nothing new. That series is what MLflow's charts can use as their x axis
+      (``X axis: Metric, epoch``) instead of the global step.
 
     Args:
         tracking_uri: The run's tracking URI. Always passed: ``MLFlowLogger``'s default is read from
@@ -64,6 +70,7 @@ class RunBoundMLFlowLogger(MLFlowLogger):
             synchronous=True,
         )
         self._bound_run_id = run_id
+        self._epoch_logged: tuple[int, float] | None = None  # (step, epoch) last logged
 
     @classmethod
     def from_env(cls, env: JobEnv) -> RunBoundMLFlowLogger:
@@ -83,6 +90,17 @@ class RunBoundMLFlowLogger(MLFlowLogger):
             self._experiment_id = run.info.experiment_id
             self._initialized = True
         return self._mlflow_client
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        epoch = metrics.get(_EPOCH)
+        if epoch is not None and step is not None:
+            point = (step, float(epoch))
+            if point == self._epoch_logged:
+                metrics = {k: v for k, v in metrics.items() if k != _EPOCH}
+            self._epoch_logged = point
+        if metrics:
+            super().log_metrics(metrics, step)
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:

@@ -1,6 +1,6 @@
 """MLflow as furcate's memory: one run per job under one parent run per sweep invocation.
 
-    RunStore.open(uri) ──► check the store answers, get/create the experiment
+    RunStore.open(uri) ──► check the store answers, get/create the experiment (model training)
     start_sweep()      ──► parent run (RUNNING) + heartbeat thread
     decide(fps)        ──► one lookup for a batch ──► skip / resume / run per fingerprint
     create_job_run()   ──► child run (RUNNING): tags, params      ──► the job logs into it
@@ -36,9 +36,16 @@ from furcate_hydra.store.records import (
 )
 from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri
 
-__all__ = ["RunStore"]
+__all__ = ["EXPERIMENT_KIND", "MODEL_TRAINING", "RunStore"]
 
 log = logging.getLogger(__name__)
+
+# How MLflow 3 types an experiment ("Machine learning" or "GenAI apps & agents"): a UI that
+# goes by it opens a furcate experiment on its runs, not on a GenAI overview of no traces.
+# Newer UIs go by their own GenAI / Model training switch instead, which the link the launcher
+# logs sets (see experiment_link).
+EXPERIMENT_KIND = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
 
 
 class RunStore:
@@ -235,9 +242,20 @@ class RunStore:
         if experiment is not None:
             if experiment.lifecycle_stage == "deleted":
                 self.client.restore_experiment(experiment.experiment_id)
-            return str(experiment.experiment_id)
+            experiment_id = str(experiment.experiment_id)
+            if EXPERIMENT_KIND not in experiment.tags:
+                # made by an older furcate, or by hand: it gets training runs now. A kind
+                # someone chose is left as it is.
+                self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+            return experiment_id
         try:
-            return str(self.client.create_experiment(name, artifact_location=self._artifacts()))
+            return str(
+                self.client.create_experiment(
+                    name,
+                    artifact_location=self._artifacts(),
+                    tags={EXPERIMENT_KIND: MODEL_TRAINING},
+                )
+            )
         except MlflowException:
             # Another launcher created it between our two calls.
             experiment = self.client.get_experiment_by_name(name)

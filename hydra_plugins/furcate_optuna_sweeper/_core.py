@@ -111,7 +111,12 @@ class StudySweep:
         self.study_name = options.study_name or str(config.hydra.job.name)
         self.storage = study_storage(options.storage, SweepPaths.of(str(config.hydra.sweep.dir)))
         self.study = open_study(
-            self.storage, self.study_name, options.directions, sampler, options.pruner_object()
+            self.storage,
+            self.study_name,
+            options.directions,
+            sampler,
+            options.pruner_object(),
+            options.objective_names,
         )
         self._identity = sweeper_identity()
         state = recover_trials(self.study, self._identity)

@@ -37,6 +37,7 @@ class OptunaOptions:
     max_failure_rate: float
     pruner: dict[str, Any]  # {"name": ..., **constructor arguments}
     monitor: str | None
+    metric_names: tuple[str, ...] | None  # as given; see objective_names
     custom_search_space: Callable[[DictConfig, Any], Any] | None
     max_resamples: int
     asynchronous: bool
@@ -68,12 +69,13 @@ class OptunaOptions:
                 "must be the name of a metric the LightningModule logs",
                 "set e.g. hydra.sweeper.monitor=val_loss, or null to report nothing",
             )
+        directions = _directions(options["direction"])
         return cls(
             sampler=_chosen(options["sampler"]),
             params=spec.params,
             search_space=distributions_from_search_space(options["search_space"], spec.params),
             rules=spec.rules,
-            directions=_directions(options["direction"]),
+            directions=directions,
             storage=_storage(options["storage"]),
             study_name=_optional_text("hydra.sweeper.study_name", options["study_name"]),
             n_trials=_count("hydra.sweeper.n_trials", options["n_trials"], "20"),
@@ -83,10 +85,22 @@ class OptunaOptions:
             max_failure_rate=_rate(options["max_failure_rate"]),
             pruner=pruner,
             monitor=monitor,
+            metric_names=_metric_names(options["metric_names"], directions),
             custom_search_space=_callable(options["custom_search_space"]),
             max_resamples=_count("hydra.sweeper.max_resamples", options["max_resamples"], "100"),
             asynchronous=bool(options["asynchronous"]),
         )
+
+    @property
+    def objective_names(self) -> tuple[str, ...] | None:
+        """What the study calls the values the task returns: ``metric_names``, else, for one
+        direction, the ``monitor`` metric (whose final value a task that trains with ``fit``
+        returns); None where neither says."""
+        if self.metric_names is not None:
+            return self.metric_names
+        if self.monitor is not None and len(self.directions) == 1:
+            return (self.monitor,)
+        return None
 
     def pruner_json(self) -> str:
         return json.dumps(self.pruner, sort_keys=True)
@@ -126,6 +140,30 @@ def _directions(value: Any) -> tuple[str, ...]:
             "set hydra.sweeper.direction=minimize, or direction: [minimize, maximize]",
         )
     return tuple(str(n) for n in names)
+
+
+def _metric_names(value: Any, directions: tuple[str, ...]) -> tuple[str, ...] | None:
+    raw = plain(value)
+    if raw is None:
+        return None
+    names = raw if isinstance(raw, list) else [raw]
+    fix = (
+        "give one name per direction, in its order, e.g. hydra.sweeper.metric_names=[val_loss]"
+        " or metric_names: [val_loss, latency_ms] for two directions"
+    )
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise OptionError("hydra.sweeper.metric_names", raw, "must be names (text)", fix)
+    if len(names) != len(directions):
+        raise OptionError(
+            "hydra.sweeper.metric_names",
+            raw,
+            f"names {len(names)} values, but the study has {len(directions)} direction(s) "
+            f"({', '.join(directions)})",
+            fix,
+        )
+    if len(set(names)) != len(names):
+        raise OptionError("hydra.sweeper.metric_names", raw, "names a value twice", fix)
+    return tuple(names)
 
 
 def _storage(value: Any) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
+from optuna.exceptions import ExperimentalWarning
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
@@ -37,6 +39,7 @@ __all__ = [
     "Attrs",
     "StudyState",
     "ask_owned",
+    "name_objectives",
     "open_study",
     "recover_trials",
     "shown_url",
@@ -100,8 +103,12 @@ def open_study(
     directions: Sequence[str],
     sampler: Any,
     pruner: Any,
+    metric_names: Sequence[str] | None = None,
 ) -> optuna.Study:
-    """Create the study, or load it with the same name; its directions must not change."""
+    """Create the study, or load it with the same name; its directions must not change.
+
+    ``metric_names`` name the study's values once (see ``name_objectives``).
+    """
     study = optuna.create_study(
         storage=rdb_storage(storage_url),
         study_name=study_name,
@@ -122,7 +129,30 @@ def open_study(
             "keep the study's directions, or start another study with "
             "hydra.sweeper.study_name=<new name>",
         )
+    if metric_names is not None:
+        name_objectives(study, metric_names)
     return study
+
+
+def name_objectives(study: optuna.Study, names: Sequence[str]) -> None:
+    """Name the study's values (optuna-dashboard's axes, ``trials_dataframe``'s columns),
+    unless the study has names already: those stay, and a warning says so when they differ."""
+    had = study.metric_names
+    if had is None:
+        with warnings.catch_warnings():
+            # experimental since Optuna 3.2, and still so; the warning says nothing to a user
+            warnings.filterwarnings(
+                "ignore", r".*\bset_metric_names is experimental", ExperimentalWarning
+            )
+            study.set_metric_names(list(names))
+    elif list(had) != list(names):
+        log.warning(
+            "furcate_optuna: study %r names its values %s; kept (not %s, which a study takes "
+            "once: start another study with hydra.sweeper.study_name=<new name> to use them)",
+            study.study_name,
+            list(had),
+            list(names),
+        )
 
 
 def sweeper_identity() -> str:

@@ -150,6 +150,9 @@ class FurcateOptunaSweeperConf:
     # the metric each epoch reports to the trial (a key the LightningModule logs, e.g.
     # val_loss); it must go the study's direction. Unset: nothing reported, no pruning
     monitor: Optional[str] = None
+    # names of the values the task returns, one per direction (optuna-dashboard shows them
+    # instead of "Objective 0"). Unset: the monitor metric, for a study of one direction
+    metric_names: Optional[Any] = None
     # furcate's exclude_configs: a sampled config matching every pair of one mapping never runs
     exclude: List[Any] = field(default_factory=list)
     # excluded samples in a row before the sweep gives up (the space is all excluded)

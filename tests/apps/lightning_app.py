@@ -30,7 +30,8 @@ def main(cfg: DictConfig) -> Any:
     log_path = env.checkpoint_dir / "executed.jsonl"
     # a relaunch finds the epochs its run executed before: no need to be slow any more
     epoch_sleep = 0.0 if log_path.exists() else float(cfg.epoch_sleep)
-    model = SlowRegression(float(cfg.lr), epoch_sleep, log_path)
+    warning = cfg.get("user_warning")  # +user_warning=...: the model warns it while training
+    model = SlowRegression(float(cfg.lr), epoch_sleep, log_path, warning)
     result = fit(
         model,
         train_dataloaders=loader(0),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -15,13 +16,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class SlowRegression(pl.LightningModule):
-    def __init__(self, lr: float, epoch_sleep: float, log_path: Path) -> None:
+    def __init__(
+        self, lr: float, epoch_sleep: float, log_path: Path, warning: str | None = None
+    ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["log_path"])
+        self.save_hyperparameters(ignore=["log_path", "warning"])
         self.layer = nn.Linear(4, 1)
         self.lr = lr
         self.epoch_sleep = epoch_sleep
         self.log_path = log_path
+        self.warning = warning  # warned by the first epoch: a user's warning amid training
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -32,6 +36,10 @@ class SlowRegression(pl.LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
         self.log("val_loss", nn.functional.mse_loss(self.layer(x), y), on_epoch=True)
+
+    def on_train_epoch_start(self) -> None:
+        if self.warning is not None and self.current_epoch == 0:
+            warnings.warn(self.warning, UserWarning, stacklevel=1)
 
     def on_train_epoch_end(self) -> None:
         with self.log_path.open("a") as handle:
