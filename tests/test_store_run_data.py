@@ -1,14 +1,23 @@
-"""run_data.csv (one row per job) and run_data.json (one job), written whole or not at all."""
+"""run_data.csv (one row per job) and run_data.json (one job), written whole or not at all;
+a sweep's rows kept on disk until run_data.csv is written."""
 
 from __future__ import annotations
 
 import csv
+import gc
 import json
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from furcate_hydra.store.run_data import JobRow, write_run_data_csv, write_run_data_json
+from furcate_hydra.store.run_data import (
+    JobRow,
+    write_ordered_run_data_csv,
+    write_run_data_csv,
+    write_run_data_json,
+)
+from furcate_hydra.store.sweep_rows import SweepRows
 
 
 def row(job_num: int, **changes: Any) -> JobRow:
@@ -139,3 +148,41 @@ def test_a_metric_named_like_a_column_does_not_overwrite_it(tmp_path: Path) -> N
     (line,) = list(csv.DictReader(path.open()))
     assert line["status"] == "FINISHED"
     assert line["metric:status"] == "0.5" and line["val_acc"] == "0.9"
+
+
+def test_sweep_rows_write_the_same_csv_as_rows_held_in_memory(tmp_path: Path) -> None:
+    rows = [
+        row(2, return_value=Result(0.2), start=10.0, end=12.5),
+        row(0, return_value={"best": [1, 2]}),
+        row(1, status="FAILED", error="ValueError: bad"),
+        row(3, skipped=True, run_id="run-0", return_value=(1, 2)),
+    ]
+    table = SweepRows()
+    for job in rows:
+        table.add(str(job.job_num), job, metrics_pending=job.run_id is not None)
+    assert len(table) == 4 and not table.all_finished()
+    # run-0 backs two rows (job 3 was skipped: it is job 0's run); run-2 has no metrics
+    pending = table.pending_runs(limit=10)
+    assert sorted(pending) == ["run-0", "run-1", "run-2"]
+    updated = table.set_metrics(["run-0", "run-2"], {"run-0": {"acc": 0.9, "status": 1.0}})
+    assert sorted(r.job_num for r in updated) == [0, 3]
+    assert table.pending_runs(limit=10) == ["run-1"]
+    table.set_metrics(["run-1"], {})
+    assert table.pending_runs(limit=10) == []
+    metrics = {"acc": 0.9, "status": 1.0}
+    expected = [replace(r, metrics=metrics) if r.run_id == "run-0" else r for r in rows]
+    write_run_data_csv(tmp_path / "held.csv", expected)
+    write_ordered_run_data_csv(tmp_path / "table.csv", table.in_job_order(), table.metric_names)
+    assert (tmp_path / "table.csv").read_text() == (tmp_path / "held.csv").read_text()
+    assert table.get("1") == rows[2] and table.get("9") is None
+
+
+def test_sweep_rows_hold_no_row_in_memory() -> None:
+    table = SweepRows()
+    job = row(0, metrics={"acc": 1.0})
+    held = weakref.ref(job)
+    table.add("0", job)
+    del job
+    gc.collect()
+    assert held() is None
+    assert table.get("0") == row(0, metrics={"acc": 1.0}) and table.all_finished()

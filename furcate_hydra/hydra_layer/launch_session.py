@@ -65,8 +65,8 @@ class LaunchSession:
 
     Lives as long as its launcher, so a sweeper calling ``launch`` batch after batch (or using
     ``submit_batch``/``wait_any``) keeps one warm pool. Holds a job's record from submission
-    until ``wait_any`` hands its JobReturn back, and nothing per job after that but the run
-    data row.
+    until ``wait_any`` hands its JobReturn back, and nothing of the job after that (its
+    run_data.csv row goes to the recorder's table on disk).
     """
 
     def __init__(

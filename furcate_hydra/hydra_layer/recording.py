@@ -5,7 +5,7 @@ open(job, decision) ──► FINISHED before    → JobReturn from the record, 
                         interrupted/KILLED → same run again, resumes from its checkpoint dir
                         otherwise          → new RUNNING run (tags, params)
 record(job, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artifacts,
-                           run_data.json; a row for run_data.csv
+                           run_data.json; a row for run_data.csv (kept on disk: SweepRows)
 The first batch also opens the sweep's parent run and writes furcate_sweep.json, which says
 where the sweep records (``furcate status`` starts from it).
 """
@@ -45,10 +45,11 @@ from furcate_hydra.store.fingerprint import fingerprint
 from furcate_hydra.store.run_data import (
     JobRow,
     update_run_data_metrics,
-    write_run_data_csv,
+    write_ordered_run_data_csv,
     write_run_data_json,
 )
 from furcate_hydra.store.sweep_record import SweepRecord
+from furcate_hydra.store.sweep_rows import SweepRows
 from furcate_hydra.store.ui_link import experiment_link
 
 log = logging.getLogger(__name__)
@@ -59,10 +60,16 @@ __all__ = ["JobRecorder", "sweep_run_name"]
 _CSV_EVERY_S = 10.0
 # MLflow's SQL stores keep 250 characters of a run's name; job and sweep names stay below.
 _MAX_RUN_NAME = 240
+# Most runs whose metrics one store query reads.
+_METRICS_CHUNK = 500
 
 
 class JobRecorder:
-    """The launcher's side of the store; without MLflow it still fingerprints and writes files."""
+    """The launcher's side of the store; without MLflow it still fingerprints and writes files.
+
+    Keeps nothing per job in memory: a job's record is the caller's, its run_data.csv row is
+    written to ``SweepRows`` as the job ends.
+    """
 
     def __init__(
         self, options: StoreOptions, launcher_config: DictConfig, code: CodeVersion | None
@@ -91,8 +98,7 @@ class JobRecorder:
                 experiment_link(tracking.uri, self.store.experiment_id),
             )
         self._sweep_recorded = False
-        self._rows: dict[str, JobRow] = {}
-        self._metrics_pending: set[str] = set()
+        self._rows = SweepRows()
         self._csv_written = 0.0
 
     # -- before jobs run ----------------------------------------------------------------
@@ -120,12 +126,11 @@ class JobRecorder:
             # (its .hydra/ files, its log, a run_data.json naming the run) stands in for it
             shown = recorded if recorded is not None and recorded.is_dir() else None
             job.run_id, job.skipped = record.run_id, True
-            row = self._add_row(job, RunStatus.FINISHED, value, None)
+            row = self._add_row(job, RunStatus.FINISHED, value, None, metrics_pending=True)
             job_return = synthetic_job_return(
                 job.config, shown or job.paths.output_dir, JobStatus.COMPLETED, value
             )
             self._write_skipped_job_dir(job, row, job_return, recorded)
-            self._metrics_pending.add(record.run_id)
             return job_return
         if decision.action is Action.REPORT_FAILURE and record is not None:
             error = RuntimeError(
@@ -239,7 +244,8 @@ class JobRecorder:
     def record(self, job: JobRecord, job_return: JobReturn) -> None:
         """The outcome of a job that ran: its run, run_data.json and its run_data.csv row."""
         status, value, error = _outcome(job, job_return)
-        row = self._add_row(job, status, value, error)
+        pending = self.store is not None and job.run_id is not None
+        row = self._add_row(job, status, value, error, metrics_pending=pending)
         job.paths.output_dir.mkdir(parents=True, exist_ok=True)  # a job that never started
         write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
         if self.store is not None and job.run_id is not None:
@@ -252,10 +258,10 @@ class JobRecorder:
                 artifacts=artifacts,
                 end_time=job.ended_at,
             )
-            self._metrics_pending.add(job.run_id)
 
     def job_run(self, key: str) -> JobRun:
-        """A submitted job's MLflow run (None when not recording), and whether it was skipped."""
+        """A handed-back job's MLflow run (None when not recording), and whether it was
+        skipped."""
         row = self._rows.get(key)
         return JobRun(row.run_id, row.skipped) if row is not None else JobRun(None)
 
@@ -270,18 +276,16 @@ class JobRecorder:
 
     def flush(self, force: bool = True) -> None:
         """Rewrite run_data.csv (and log it to the sweep's run)."""
-        if not self._rows or (not force and time.time() - self._csv_written < _CSV_EVERY_S):
+        if (not force and time.time() - self._csv_written < _CSV_EVERY_S) or not self._rows:
             return
-        if self.store is not None and self._metrics_pending:
-            metrics = self.store.latest_metrics(self._metrics_pending)
-            for row in self._rows.values():
-                if row.run_id in metrics and row.run_id in self._metrics_pending:
-                    row.metrics = metrics[row.run_id]
+        if self.store is not None:
+            while run_ids := self._rows.pending_runs(_METRICS_CHUNK):
+                metrics = self.store.latest_metrics(run_ids)
+                for row in self._rows.set_metrics(run_ids, metrics):
                     update_run_data_metrics(Path(row.output_dir) / JobPaths.RUN_DATA, row.metrics)
-            self._metrics_pending.clear()
         path = self.sweep.run_data_csv
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_run_data_csv(path, list(self._rows.values()))
+        write_ordered_run_data_csv(path, self._rows.in_job_order(), self._rows.metric_names)
         self._csv_written = time.time()
         if self.store is not None and force:
             self.store.log_sweep_artifact(path)
@@ -298,15 +302,23 @@ class JobRecorder:
         self.flush()  # run_data.csv is the sweep's record with or without a store
         if self.store is None:
             return
-        failed = any(row.status != RunStatus.FINISHED.value for row in self._rows.values())
+        failed = not self._rows.all_finished()
         status = (
             RunStatus.KILLED if interrupted else RunStatus.FAILED if failed else RunStatus.FINISHED
         )
         self.store.finish_sweep(status)
         self.store.close()
 
-    def _add_row(self, job: JobRecord, status: RunStatus, value: Any, error: str | None) -> JobRow:
-        row = self._rows[job.key] = self._row(job, status, value, error)
+    def _add_row(
+        self,
+        job: JobRecord,
+        status: RunStatus,
+        value: Any,
+        error: str | None,
+        metrics_pending: bool = False,
+    ) -> JobRow:
+        row = self._row(job, status, value, error)
+        self._rows.add(job.key, row, metrics_pending)
         return row
 
     @staticmethod

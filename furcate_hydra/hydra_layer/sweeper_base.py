@@ -65,11 +65,11 @@ class SweeperBase(Sweeper, Generic[OptionsT], abc.ABC):
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
-    def sweep(self, arguments: list[str]) -> list[list[JobReturn]]:
+    def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         if self.hydra_context is None or self.config is None or self.launcher is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must be called before sweep()")
         context = SweepContext(self.hydra_context, self.config, self.launcher)
-        returns: list[list[JobReturn]] = self.run(self.options, context, arguments)
+        returns: list[Sequence[JobReturn]] = self.run(self.options, context, arguments)
         return returns
 
 

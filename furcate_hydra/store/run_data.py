@@ -5,14 +5,21 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from furcate_hydra.atomic import atomic_write_bytes
 
-__all__ = ["JobRow", "update_run_data_metrics", "write_run_data_csv", "write_run_data_json"]
+__all__ = [
+    "JobRow",
+    "jsonable",
+    "update_run_data_metrics",
+    "write_ordered_run_data_csv",
+    "write_run_data_csv",
+    "write_run_data_json",
+]
 
 
 @dataclass
@@ -47,7 +54,7 @@ def write_run_data_json(
     data = {
         **asdict(row),
         "duration_s": row.duration_s,
-        "return_value": _jsonable(row.return_value),
+        "return_value": jsonable(row.return_value),
         "config": config,
         **details,
     }
@@ -67,6 +74,15 @@ def update_run_data_metrics(path: Path, metrics: Mapping[str, float]) -> None:
 
 def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
     """One row per job, metric columns the union over jobs, ordered by job number."""
+    names = {name for row in rows for name in row.metrics}
+    write_ordered_run_data_csv(path, sorted(rows, key=lambda r: r.job_num), names)
+
+
+def write_ordered_run_data_csv(
+    path: Path, rows: Iterable[JobRow], metric_names: Collection[str]
+) -> None:
+    """``write_run_data_csv`` of rows already in job order, read once, whose metrics are
+    among ``metric_names``: a whole sweep's rows need not be in memory at once."""
     fixed = [
         "job_num",
         "overrides",
@@ -83,19 +99,19 @@ def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
         "error",
     ]
     # A metric named like a fixed column (``status``, ``end``) must not overwrite it.
-    names = sorted({name for row in rows for name in row.metrics})
+    names = sorted(metric_names)
     column = {name: f"metric:{name}" if name in fixed else name for name in names}
     columns = [*fixed[:6], *column.values(), *fixed[6:]]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
-    for row in sorted(rows, key=lambda r: r.job_num):
+    for row in rows:
         writer.writerow(
             {
                 **asdict(row),
                 **{column[name]: value for name, value in row.metrics.items()},
                 "overrides": " ".join(row.overrides),
-                "return_value": json.dumps(_jsonable(row.return_value)),
+                "return_value": json.dumps(jsonable(row.return_value)),
                 "duration_s": row.duration_s,
                 "error": (row.error or "").splitlines()[0] if row.error else "",
             }
@@ -103,7 +119,8 @@ def write_run_data_csv(path: Path, rows: Sequence[JobRow]) -> None:
     atomic_write_bytes(path, buffer.getvalue().encode("utf-8"), durable=False)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` if JSON can hold it, else its repr."""
     try:
         json.dumps(value)
     except (TypeError, ValueError):

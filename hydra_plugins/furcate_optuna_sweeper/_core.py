@@ -32,6 +32,7 @@ from furcate_hydra.hydra_layer.exclusion_filter import (
 )
 from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
+from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.sweeping.rule_reach import Domain, unmatched_rules
@@ -125,8 +126,9 @@ class StudySweep:
         self.started = self.told = self.pruned = 0
         self.best: str | None = None  # for the progress view: "0.0123 (trial 7)"
         self._best_value: float | None = None
-        self.failures: list[BaseException] = []
-        self.returns: dict[int, JobReturn] = {}
+        self.failed = 0
+        self.first_error: BaseException | None = None  # of the first trial told failed
+        self.returns = SweepReturns()  # on disk: nothing per finished trial held here
         self.next_num = 0
         pruning = (
             f"pruner {options.pruner['name']} on {options.monitor}"
@@ -311,12 +313,13 @@ class StudySweep:
             shown = outcome.values if outcome.values is not None else "no value"
             log.info("furcate_optuna: trial %d %s: %s", trial.number, outcome.state.name, shown)
         if leader is None:
-            self.returns[job.num] = job_return
+            self.returns.add(job.num, job_return)
         if self.runs is not None and run_id is not None and not skipped and leader is None:
             self.runs.annotate(run_id, storage.get_trial(trial._trial_id))
         if outcome.failed:
             assert outcome.error is not None
-            self.failures.append(outcome.error)
+            self.failed += 1
+            self.first_error = self.first_error or outcome.error
             log.warning("furcate_optuna: trial %d failed: %s", trial.number, outcome.error)
         return outcome
 
@@ -336,12 +339,12 @@ class StudySweep:
     def too_many_failures(self, concurrency: int) -> bool:
         """hydra-optuna-sweeper's max_failure_rate, judged per trial: at 0 the first failure
         stops the sweep; above 0 once a slot-full of trials has been told."""
-        if not self.failures:
+        if not self.failed:
             return False
         rate = self.options.max_failure_rate
         if rate == 0:
             return True
-        return self.told >= concurrency and len(self.failures) / self.told > rate
+        return self.told >= concurrency and self.failed / self.told > rate
 
     # -- setup -------------------------------------------------------------------------
 
@@ -451,7 +454,7 @@ def _grid_configs(space: SearchSpace, grid: dict[str, list[Any]]) -> list[list[s
 
 def run_study(
     options: OptunaOptions, context: SweepContext, arguments: Sequence[str]
-) -> list[list[JobReturn]]:
+) -> list[ReturnBatch]:
     """Run the trials the study is missing; write and log its results; returns in job order."""
     sweep = StudySweep(options, context, arguments)
     sweep_dir = save_multirun_config(context.config).sweep_dir
@@ -466,16 +469,15 @@ def run_study(
     sweep_run = streaming.sweep_run_id if ran and streaming and sweep.runs else None
     if results is not None and sweep_run and sweep.runs is not None:
         sweep.runs.log_results(sweep_run, results.files, results.tags)
-    returns = [sweep.returns[num] for num in sorted(sweep.returns)]
-    if sweep.failures and sweep.too_many_failures(1):
+    if sweep.first_error is not None and sweep.too_many_failures(1):
         log.error(
             "furcate_optuna: %d of %d trials failed (hydra.sweeper.max_failure_rate=%s)",
-            len(sweep.failures),
+            sweep.failed,
             sweep.told,
             options.max_failure_rate,
         )
-        raise sweep.failures[0]
-    return [returns]
+        raise sweep.first_error
+    return sweep.returns.batches(None)
 
 
 def _concurrency(sweep: StudySweep, slots: int) -> int:

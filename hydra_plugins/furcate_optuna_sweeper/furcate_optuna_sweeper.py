@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hydra.core.utils import JobReturn
-
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, SweeperBase
 
 if TYPE_CHECKING:
+    from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch
     from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 
 
@@ -32,7 +31,7 @@ class FurcateOptunaSweeper(SweeperBase["OptunaOptions"]):
 
     def run(
         self, options: OptunaOptions, context: SweepContext, arguments: Sequence[str]
-    ) -> list[list[JobReturn]]:
+    ) -> list[ReturnBatch]:
         from hydra_plugins.furcate_optuna_sweeper._core import run_study
 
         return run_study(options, context, arguments)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
@@ -31,6 +31,7 @@ from furcate_hydra.hydra_layer.streaming import (
     StreamingLauncher,
     as_streaming,
 )
+from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.sweeping.sweep_queue import SweepQueue
 from hydra_plugins.furcate_sweeper._live import LiveConfig, primary_config_file
@@ -86,7 +87,7 @@ class GridPlanner:
 
 
 class GridSweep:
-    """One sweep's state: the queue, job numbers, returns, and the live config file."""
+    """One sweep's state: the queue, job numbers, returns (on disk), and the live config file."""
 
     def __init__(self, options: SweepOptions, planner: GridPlanner, context: SweepContext) -> None:
         self.options = options
@@ -98,7 +99,7 @@ class GridSweep:
         for warning in grid.warnings():
             log.warning("furcate: %s", warning)
         self.queue = SweepQueue(grid.kept)
-        self.returns: dict[int, JobReturn] = {}
+        self.returns = SweepReturns()
         self.next_num = 0
         self.config = config
         self.loader = hydra_context.config_loader
@@ -186,13 +187,10 @@ class GridSweep:
         for warning in grid.warnings():
             log.warning("furcate: %s", warning)
 
-    def ordered_returns(self) -> list[JobReturn]:
-        return [self.returns[num] for num in sorted(self.returns)]
-
 
 def run_grid_sweep(
     options: SweepOptions, context: SweepContext, arguments: Sequence[str]
-) -> list[list[JobReturn]]:
+) -> list[ReturnBatch]:
     """Run every config of the grid once; returns in job order, grouped in batches."""
     planner = GridPlanner(context.hydra_context, context.config, arguments)
     sweep = GridSweep(options, planner, context)
@@ -201,10 +199,8 @@ def run_grid_sweep(
         _stream(sweep, streaming)
     else:
         _batches(sweep, context.launcher, options.max_batch_size)
-    returns = sweep.ordered_returns()
-    _raise_first_failure(returns)
-    size = options.max_batch_size or max(len(returns), 1)
-    return [returns[i : i + size] for i in range(0, len(returns), size)] or [[]]
+    _raise_first_failure(sweep.returns)
+    return sweep.returns.batches(options.max_batch_size)
 
 
 def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
@@ -236,7 +232,7 @@ def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
             else:  # on hold with nothing running: wait for the fixing edit
                 time.sleep(sweep.options.watch_interval_s)
             for key, job_return in done:
-                sweep.returns[in_flight.pop(key)] = job_return
+                sweep.returns.add(in_flight.pop(key), job_return)
             sweep.follow_edits()
             launcher.sweep_status(to_come=len(sweep.queue))
 
@@ -255,25 +251,21 @@ def _batches(sweep: GridSweep, launcher: Launcher, max_batch_size: int | None) -
         results = launcher.launch([overrides for overrides, _ in jobs], jobs[0][1])
         log.debug("furcate: batch of %d took %.1f s", len(jobs), time.perf_counter() - tic)
         for (_, num), job_return in zip(jobs, results, strict=True):
-            sweep.returns[num] = job_return
+            sweep.returns.add(num, job_return)
         sweep.follow_edits()
 
 
-def _raise_first_failure(returns: Sequence[JobReturn]) -> None:
+def _raise_first_failure(returns: SweepReturns) -> None:
     """Like Hydra's sweepers, end with the first failed job's error; but only after every
     other config has run, so one bad config does not cost the rest of the sweep."""
-    failed = [r for r in returns if r.status is JobStatus.FAILED]
-    if not failed:
+    first = returns.first_failure()
+    if first is None:
         return
-    names = ", ".join(
-        f"#{r.hydra_cfg.hydra.job.num} ({' '.join(r.overrides or []) or 'no overrides'})"
-        if r.hydra_cfg is not None
-        else " ".join(r.overrides or [])
-        for r in failed[:5]
-    )
-    more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
-    log.error("furcate: %d of %d jobs failed: %s%s", len(failed), len(returns), names, more)
-    _ = failed[0].return_value  # raises the job's own exception
+    named = returns.failures_named()
+    names = ", ".join(named)
+    more = f" and {returns.failed - len(named)} more" if returns.failed > len(named) else ""
+    log.error("furcate: %d of %d jobs failed: %s%s", returns.failed, len(returns), names, more)
+    _ = first.return_value  # raises the job's own exception
 
 
 def _sweeper_options(config: DictConfig) -> dict[str, Any]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hydra.core.utils import JobReturn
-
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, SweeperBase
 
 if TYPE_CHECKING:
+    from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch
     from hydra_plugins.furcate_sweeper._core import SweepOptions
 
 
@@ -33,7 +32,7 @@ class FurcateSweeper(SweeperBase["SweepOptions"]):
 
     def run(
         self, options: SweepOptions, context: SweepContext, arguments: Sequence[str]
-    ) -> list[list[JobReturn]]:
+    ) -> list[ReturnBatch]:
         from hydra_plugins.furcate_sweeper._core import run_grid_sweep
 
         return run_grid_sweep(options, context, arguments)

@@ -1,0 +1,158 @@
+"""The launcher process's memory as a sweep grows: does it keep anything per finished job?
+
+Each run is a real ``python bench/apps/trivial_app.py -m 'i=range(0,N)'`` in a subprocess, on
+the furcate launcher (default slots: 2 CPU slots here, nothing preloaded), every job recorded
+in a fresh MLflow sqlite store in a temp dir. Each job returns at once, so the launcher's own
+work per job is all that runs. A Hydra callback in the launcher process (``bench/memory_probe.py``)
+samples its RSS while the sweep runs and reads it again at the sweep's end, while the sweeper's
+return value is still held. Variants:
+
+  furcate  ``hydra/sweeper=furcate`` streaming onto the launcher's slots;
+  basic    Hydra's BasicSweeper, one ``launch`` of every job (the anchor: Hydra keeps every
+           job's JobReturn, with its config, by design).
+
+Figures: RSS at the start of the sweep, at its end, its peak; the end-RSS ratio between the
+largest and the smallest N (goal for the furcate sweeper ≤ 1.1), the growth per job between
+them, and jobs/s over the whole sweep (first sweeper call to its return).
+
+``--trace`` runs each variant once more at the smallest N with tracemalloc and gc counts, and
+prints what is left allocated at the end, by line and by type (slow: to find, not to time).
+
+Run: ``python bench/launcher_memory.py`` (1,000 and 10,000 jobs; ~25 min on 2 cores),
+``--jobs 300 --trace`` while looking for what holds memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.harness import machine, publish
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "bench" / "apps" / "trivial_app.py"
+VARIANTS: dict[str, list[str]] = {
+    "furcate": ["hydra/sweeper=furcate"],
+    "basic": [],
+}
+COMMON = [
+    "hydra.launcher.preload=[]",  # the jobs only return a number
+    "+hydra.callbacks.memory_probe._target_=bench.memory_probe.MemoryProbe",
+]
+
+
+def empty_store(directory: Path) -> Path:
+    """An initialised MLflow sqlite store, made once and copied for each run."""
+    from mlflow.tracking import MlflowClient
+
+    path = directory / "template.db"
+    if not path.exists():
+        MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def run_sweep(variant: str, jobs: int, template: Path, trace: bool) -> dict[str, Any]:
+    """One sweep through the CLI in a fresh temp dir; the probe's report plus wall time."""
+    with tempfile.TemporaryDirectory(prefix="furcate-memory-") as tmp:
+        work = Path(tmp)
+        store = work / "mlflow.db"
+        shutil.copyfile(template, store)
+        report = work / "memory.json"
+        command = [
+            sys.executable,
+            str(APP),
+            "-m",
+            f"i=range(0,{jobs})",
+            f"hydra.sweep.dir={work / 'sweep'}",
+            *COMMON,
+            f"+hydra.callbacks.memory_probe.out={report}",
+            f"+hydra.callbacks.memory_probe.trace={str(trace).lower()}",
+            *VARIANTS[variant],
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
+        }
+        began = time.perf_counter()
+        done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - began
+        if done.returncode != 0 or not report.exists():
+            raise RuntimeError(f"{variant} N={jobs} failed ({done.returncode}):\n{done.stderr}")
+        figures: dict[str, Any] = json.loads(report.read_text())
+    figures["command_wall_s"] = round(wall, 2)
+    figures["jobs_per_s"] = round(jobs / figures["sweep_s"], 2)
+    return figures
+
+
+def compare(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """End RSS of the largest N over the smallest, and the growth per job between them."""
+    small, large = min(runs), max(runs)
+    a, b = runs[small], runs[large]
+    return {
+        "end_rss_ratio": round(b["rss_end_kib"] / a["rss_end_kib"], 3),
+        "peak_rss_ratio": round(b["rss_peak_kib"] / a["rss_peak_kib"], 3),
+        "kib_per_job": round((b["rss_end_kib"] - a["rss_end_kib"]) / (large - small), 2),
+    }
+
+
+def show(figures: dict[str, Any]) -> None:
+    print(f"{'variant':8} {'N':>6} {'start MB':>9} {'end MB':>8} {'peak MB':>8} {'jobs/s':>7}")
+    for variant, runs in figures["runs"].items():
+        for jobs, run in sorted(runs.items(), key=lambda item: int(item[0])):
+            print(
+                f"{variant:8} {jobs:>6} {run['rss_start_kib'] / 1024:9.1f} "
+                f"{run['rss_end_kib'] / 1024:8.1f} {run['rss_peak_kib'] / 1024:8.1f} "
+                f"{run['jobs_per_s']:7.2f}"
+            )
+    for variant, ratio in figures["ratios"].items():
+        print(f"{variant}: {ratio}")
+    for variant, trace in figures.get("trace", {}).items():
+        print(f"\n== {variant}: traced {trace['traced_kib']} KiB left at the end; by line:")
+        for stat in trace["by_line"][:15]:
+            print(f"  {stat['kib']:7} KiB {stat['count']:7}  {stat['at']}")
+        print("  objects grown, by type:")
+        for name, count in trace["object_growth"][:15]:
+            print(f"  {count:8}  {name}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--trace", action="store_true", help="also find what holds memory")
+    args = parser.parse_args(argv)
+    at_start = machine()
+    with tempfile.TemporaryDirectory(prefix="furcate-memory-store-") as tmp:
+        template = empty_store(Path(tmp))
+        runs: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in args.variants}
+        for jobs in sorted(args.jobs):
+            for variant in args.variants:
+                runs[variant][jobs] = run_sweep(variant, jobs, template, trace=False)
+                run = runs[variant][jobs]
+                print(
+                    f"{variant} N={jobs}: end {run['rss_end_kib'] / 1024:.1f} MB, "
+                    f"{run['jobs_per_s']} jobs/s",
+                    flush=True,
+                )
+        figures: dict[str, Any] = {
+            "runs": runs,
+            "ratios": {v: compare(r) for v, r in runs.items() if len(r) > 1},
+        }
+        if args.trace:
+            small = min(args.jobs)
+            figures["trace"] = {v: run_sweep(v, small, template, trace=True) for v in args.variants}
+    publish("launcher_memory", at_start, figures, show)
+
+
+if __name__ == "__main__":
+    main()
