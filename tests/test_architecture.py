@@ -21,6 +21,7 @@ SHARED = (
     "furcate_hydra.layout",
     "furcate_hydra.progress",
     "furcate_hydra.known_warnings",
+    "furcate_hydra.sqlite_health",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 
