@@ -22,6 +22,7 @@ SHARED = (
     "furcate_hydra.progress",
     "furcate_hydra.known_warnings",
     "furcate_hydra.reasons",
+    "furcate_hydra.sqlite_health",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 

@@ -76,6 +76,16 @@ def test_sqlite_in_an_existing_folder_is_accepted(tmp_path: Path) -> None:
     assert not (tmp_path / "new.db").exists()  # checking creates nothing
 
 
+def test_a_damaged_sqlite_store_is_refused_naming_the_file(tmp_path: Path) -> None:
+    # every kind of damage, and the CLI's report of it: tests/test_damaged_stores.py
+    path = tmp_path / "mlflow.db"
+    path.write_bytes(b"<html>not a store</html>" * 10)
+    error = config_error(TrackingUri(f"sqlite:///{path}", ENV_KEY))
+    assert error.problem.startswith(f"the file {path} is not a sqlite database")
+    assert error.problem.endswith("; nothing was written to it")
+    assert error.fix.startswith(f"restore {path} from a copy")
+
+
 @pytest.mark.parametrize("uri", ["file:///tmp/mlruns", "ftp://host/x", "/tmp/mlruns", "mlruns"])
 def test_stores_furcate_cannot_query_are_refused(uri: str) -> None:
     error = config_error(TrackingUri(uri, URI_KEY))

@@ -1,6 +1,7 @@
 """MLflow as furcate's memory: one run per job under one parent run per sweep invocation.
 
-    RunStore.open(uri) ──► check the store answers, get/create the experiment (model training)
+    RunStore.open(uri) ──► check the store answers (a sqlite file: is sound), get/create the
+                           experiment (model training)
     start_sweep()      ──► parent run (RUNNING) + heartbeat thread
     decide(fps)        ──► one lookup for a batch ──► skip / resume / run per fingerprint
     create_job_run()   ──► child run (RUNNING): tags, params      ──► the job logs into it

@@ -1,4 +1,5 @@
-"""Which MLflow store jobs record into, and a check that it answers before anything runs."""
+"""Which MLflow store jobs record into, and a check that it answers (a sqlite file: that it is
+sound) before anything runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.sqlite_health import sqlite_damage
 
 __all__ = ["DEFAULT_TRACKING_URI", "TrackingUri", "check_tracking_uri", "resolve_tracking_uri"]
 
@@ -56,7 +58,8 @@ def check_tracking_uri(tracking: TrackingUri, timeout_s: float = 5.0) -> None:
     """Fail fast, naming the URI and the fix, when the store cannot be used.
 
     MLflow's HTTP client retries an unreachable server for minutes; a sweep should say so
-    in seconds and before any job starts.
+    in seconds and before any job starts. A damaged sqlite file is refused before anything
+    writes into it.
     """
     uri, key = tracking.uri, tracking.source
     # MLflow's own spelling of a Databricks workspace is the bare word, which has no scheme.
@@ -93,6 +96,12 @@ def _check_sqlite(uri: str, key: str) -> None:
             uri,
             f"the folder {folder} does not exist or is not writable",
             "create the folder, or point the URI at a writable path",
+        )
+    # Before MLflow opens it: MLflow writes (schema migrations, WAL) as it opens a store.
+    damage = sqlite_damage(Path(path))
+    if damage is not None:
+        raise FurcateConfigError(
+            key, uri, f"{damage.problem}; nothing was written to it", damage.fix(Path(path))
         )
 
 

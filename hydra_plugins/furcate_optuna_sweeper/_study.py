@@ -29,10 +29,11 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.records import RunRecord, RunStatus
-from furcate_hydra.tuning.storage import rdb_storage
+from furcate_hydra.tuning.storage import check_sqlite_storage, rdb_storage
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 
 __all__ = [
@@ -107,8 +108,15 @@ def open_study(
 ) -> optuna.Study:
     """Create the study, or load it with the same name; its directions must not change.
 
-    ``metric_names`` name the study's values once (see ``name_objectives``).
+    ``metric_names`` name the study's values once (see ``name_objectives``). A damaged sqlite
+    file is refused before Optuna opens (and writes into) it.
     """
+    from furcate_hydra.hydra_layer.options import OptionError, as_option_error
+
+    try:
+        check_sqlite_storage(storage_url, "hydra.sweeper.storage")
+    except FurcateConfigError as exc:
+        raise as_option_error(exc) from None
     study = optuna.create_study(
         storage=rdb_storage(storage_url),
         study_name=study_name,
@@ -119,8 +127,6 @@ def open_study(
     )
     had = [d.name.lower() for d in study.directions]
     if had != list(directions):
-        from furcate_hydra.hydra_layer.options import OptionError
-
         raise OptionError(
             "hydra.sweeper.direction",
             list(directions),
