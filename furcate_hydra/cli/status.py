@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from typing import TextIO
@@ -32,7 +33,8 @@ def print_status(snapshot: SweepSnapshot, out: TextIO, as_json: bool = False) ->
     counts = [f"{status.value} {n}" for status, n in snapshot.counts().items() if n]
     out.write(("  ".join(counts) or "no jobs yet") + "\n\n")
     if snapshot.jobs:
-        width = shutil.get_terminal_size((120, 24)).columns
+        # cut to the terminal's width; piped or redirected, every line whole
+        width = shutil.get_terminal_size().columns if out.isatty() else sys.maxsize
         out.write(_table(snapshot.jobs, width))
 
 
