@@ -1,6 +1,7 @@
 """MLflow as furcate's memory: one run per job under one parent run per sweep invocation.
 
-    RunStore.open(uri) ──► check the store answers, get/create the experiment
+    RunStore.open(uri) ──► check the store answers, create it (one process at a time),
+                           get/create the experiment
     start_sweep()      ──► parent run (RUNNING) + heartbeat thread
     decide(fps)        ──► one lookup for a batch ──► skip / resume / run per fingerprint
     create_job_run()   ──► child run (RUNNING): tags, params      ──► the job logs into it
@@ -34,7 +35,7 @@ from furcate_hydra.store.records import (
     decode_return_value,
     encode_return_value,
 )
-from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri
+from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, creating_store
 
 __all__ = ["RunStore"]
 
@@ -60,7 +61,8 @@ class RunStore:
         ignore_mlflow_sqlalchemy_deprecation()
         check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
-        self.client = MlflowClient(tracking.uri)
+        with creating_store(tracking):
+            self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
         self.experiment_id = self._experiment(experiment_name)
         if sqlite_wal and tracking.uri.startswith("sqlite:///"):
             _use_wal(tracking.uri[len("sqlite:///") :])
