@@ -80,6 +80,37 @@ def test_a_sweep_is_a_running_parent_run_with_a_heartbeat(store: RunStore, tmp_p
     assert heartbeat(store, sweep_id) == last
 
 
+def test_sweeps_whose_launcher_is_gone_are_ended_killed(mlflow_store: str) -> None:
+    store = open_store(mlflow_store)
+    client, exp = store.client, store.experiment_id
+    now = time.time()
+
+    def sweep(identity: LauncherIdentity, beat: float) -> str:
+        tags = {**identity.tags(), Tags.ROLE: "sweep", Tags.HEARTBEAT: f"{beat:.3f}"}
+        run_id: str = client.create_run(exp, tags=tags).info.run_id
+        return run_id
+
+    remote = replace(LauncherIdentity.current(), host="another-host", pid=1, started="1")
+    killed_here = sweep(exited_launcher(), now - 30)
+    alive_here = sweep(LauncherIdentity.current(), now - 30)
+    stale_remote = sweep(remote, now - 600)
+    fresh_remote = sweep(remote, now)
+    job = client.create_run(exp, tags={**exited_launcher().tags(), Tags.FINGERPRINT: "fp"})
+    try:
+        own = store.start_sweep("sweep now", {})
+        status = {r: client.get_run(r).info.status for r in (killed_here, stale_remote)}
+        assert status == {killed_here: "KILLED", stale_remote: "KILLED"}
+        ended = client.get_run(killed_here)
+        last_beat = float(f"{now - 30:.3f}")
+        assert ended.info.end_time == int(last_beat * 1000)  # when it was last known alive
+        assert "has exited" in ended.data.tags[Tags.ERROR]
+        assert "heartbeat 600 s ago" in client.get_run(stale_remote).data.tags[Tags.ERROR]
+        for running in (alive_here, fresh_remote, own, job.info.run_id):
+            assert client.get_run(running).info.status == "RUNNING"
+    finally:
+        store.close()
+
+
 def test_finish_sweep_without_a_sweep_does_nothing(store: RunStore) -> None:
     store.finish_sweep(RunStatus.FINISHED)
     assert store.client.search_runs([store.experiment_id]) == []

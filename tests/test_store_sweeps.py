@@ -11,6 +11,7 @@ import csv
 import json
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from hydra.core.utils import JobStatus
 
 from furcate_hydra.store import Tags
 from tests.conftest import LaunchJobs, run_probe_sweep
+from tests.process_helpers import killed_if_left, start_probe_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
 
 
@@ -215,3 +217,30 @@ def test_sqlite_store_is_switched_to_wal_unless_disabled(
     sweep(tmp_path, "on", "+lr=0.2", f"hydra.launcher.mlflow.tracking_uri=sqlite:///{plain}")
     assert journal_mode(plain) == "wal"
     assert len(job_runs(f"sqlite:///{plain}")) == 2  # nothing lost by the switch
+
+
+def test_a_killed_launchers_sweep_run_is_ended_by_the_next_launcher(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    first_dir = tmp_path / "first"
+    first_dir.mkdir()
+    with killed_if_left(start_probe_sweep(first_dir, "+i=0,1", "sleep=60")) as first:
+        deadline = time.monotonic() + 60
+        while not any(r.info.status == "RUNNING" for r in job_runs(mlflow_store)):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "no job started"
+            time.sleep(0.1)
+        first.kill()  # the launcher alone, as the OOM killer would
+        first.wait()
+    (killed,) = sweep_runs(mlflow_store)
+    assert killed.info.status == "RUNNING"  # nobody was left to end it
+
+    rerun = run_probe_sweep(tmp_path, "+i=2")
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"sweep run {killed.info.run_id}" in rerun.stdout + rerun.stderr
+    assert "has exited: marked KILLED" in rerun.stdout + rerun.stderr
+    ended, new = sweep_runs(mlflow_store)
+    assert ended.info.run_id == killed.info.run_id
+    assert ended.info.status == "KILLED" and ended.info.end_time is not None
+    assert "has exited" in ended.data.tags[Tags.ERROR]
+    assert new.info.status == "FINISHED"

@@ -2,7 +2,7 @@
 
     RunStore.open(uri) ──► check the store answers, create it (one process at a time),
                            get/create the experiment
-    start_sweep()      ──► parent run (RUNNING) + heartbeat thread
+    start_sweep()      ──► sweeps whose launcher is gone: KILLED; parent run (RUNNING) + heartbeat
     decide(fps)        ──► one lookup for a batch ──► skip / resume / run per fingerprint
     create_job_run()   ──► child run (RUNNING): tags, params      ──► the job logs into it
     finish_job_run()   ──► FINISHED / FAILED / KILLED + return value + artifacts
@@ -78,6 +78,9 @@ class RunStore:
     # -- the sweep ----------------------------------------------------------------------
 
     def start_sweep(self, run_name: str, tags: Mapping[str, str]) -> str:
+        """The sweep's parent run, RUNNING, with a heartbeat; sweeps left RUNNING by launchers
+        that are gone are ended KILLED first."""
+        self.end_orphaned_sweeps()
         run = self.client.create_run(
             self.experiment_id,
             run_name=run_name,
@@ -89,6 +92,36 @@ class RunStore:
         )
         self._heartbeat.start()
         return self.sweep_run_id
+
+    def end_orphaned_sweeps(self) -> list[str]:
+        """Sweep runs still RUNNING whose launcher is gone (killed, its machine restarted):
+        ended KILLED, at their last heartbeat, with why. Returns their run ids."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(
+                f"tags.`{Tags.ROLE}` = 'sweep' and attributes.status = '{RunStatus.RUNNING.value}'"
+            ),
+            max_results=1000,
+        )
+        now, ended = time.time(), []
+        for run in runs:
+            tags = dict(run.data.tags)
+            record = RunRecord(run.info.run_id, "", RunStatus.RUNNING, run.info.start_time, tags)
+            beat = float(tags[Tags.HEARTBEAT]) if Tags.HEARTBEAT in tags else None
+            why = launcher_gone(record, self.identity, beat, now, self.stale_after_s)
+            if why is None:
+                continue
+            self.client.set_tag(run.info.run_id, Tags.ERROR, f"left RUNNING: {why}")
+            end_ms = int((beat or now) * 1000)
+            self.client.set_terminated(run.info.run_id, RunStatus.KILLED.value, end_time=end_ms)
+            ended.append(run.info.run_id)
+            log.warning(
+                "furcate: sweep run %s (%s) is RUNNING but %s: marked KILLED",
+                run.info.run_id,
+                run.info.run_name,
+                why,
+            )
+        return ended
 
     def finish_sweep(self, status: RunStatus, artifacts: Iterable[Path] = ()) -> None:
         self._stop_heartbeat.set()
