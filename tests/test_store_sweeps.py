@@ -104,6 +104,19 @@ def test_skipped_jobs_return_the_recorded_values(launch_jobs: LaunchJobs) -> Non
     assert [r.overrides for r in second] == [["+lr=0.1"], ["+lr=0.01"]]
 
 
+def test_a_config_twice_in_one_launch_runs_once(
+    tmp_path: Path, mlflow_store: str, launch_jobs: LaunchJobs
+) -> None:
+    returns = launch_jobs([["+lr=0.1"], ["+lr=0.1"], ["+lr=0.2"]], [])
+    assert [r.status for r in returns] == [JobStatus.COMPLETED] * 3
+    # the twin waited for the first one's run and returns its value (the probe's pid, times)
+    assert returns[1].return_value == returns[0].return_value
+    assert ran(tmp_path / "sweep") == ["0", "2"]
+    assert len(job_runs(mlflow_store)) == 2
+    twin = json.loads((tmp_path / "sweep" / "1" / "run_data.json").read_text())
+    assert twin["skipped"] is True and twin["ran_elsewhere"] is True
+
+
 def test_a_value_added_to_the_sweep_runs_only_the_new_configs(
     tmp_path: Path, mlflow_store: str, launch_jobs: LaunchJobs
 ) -> None:

@@ -58,6 +58,7 @@ class Tags:
     HEARTBEAT = "furcate.heartbeat"
     SWEEP_DIR = "furcate.sweep_dir"
     CODE_VERSION = "furcate.code_version"  # see store/code_version.py
+    CLAIM = "furcate.claim"  # "won" once the run's launcher holds its config (store/claims.py)
     PARENT_RUN = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 
