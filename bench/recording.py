@@ -12,14 +12,13 @@ each variant on a fresh launcher started (fork server, store) before the clock:
 The clock runs from the first launcher call to the last result (it includes ``launch``'s final
 run_data.csv and the sweep run's artifact, not ``close()``). Per variant: jobs/s, the launcher's
 time per job (``bench/instrument.py``: ``SweepComposer.compose``, ``JobRecorder.prepare``/
-``open``/``record``/``flush``, the ``RunStore`` and MLflow client calls inside them, the pool),
-how many jobs took the composition shortcut, the time the launcher sat blocked waiting for the
-fork server, its context switches, and what the job processes cost (fork to task, CPU of the
-fork server and jobs). Rounds of the four variants repeat, on and off taking turns going first;
-a speed probe before each variant (``harness.speed_probe``) and the CPU share of other
-processes tell a slow machine from a slow launcher. The goal is >= 20 jobs/s with every job
-recorded. ``--profile`` adds a cProfile of the launcher's thread over one recorded ``launch``
-(it slows each job by ~20 ms).
+``claim``/``open``/``record``/``flush``, the ``RunStore`` and MLflow client calls inside them, the
+pool), how many jobs took the composition shortcut, the time the launcher sat blocked waiting for
+the fork server, its context switches, and what the job processes cost (fork to task, CPU of the
+fork server and jobs). Rounds of the four variants repeat, on and off taking turns going first; a
+speed probe before each variant (``harness.speed_probe``) and the CPU share of other processes tell
+a slow machine from a slow launcher. The goal is >= 20 jobs/s with every job recorded. ``--profile``
+adds a cProfile of the launcher's thread over one recorded ``launch`` (it slows each job by ~20 ms).
 
 Run: ``python bench/recording.py`` (~3 min: 4 rounds of 200 jobs; ``--profile`` ~15 s more)
 writes bench/results/recording.json.
@@ -66,8 +65,14 @@ LAUNCHER_OVERRIDES = [
     "hydra.launcher.preload=[]",  # the jobs return at once
 ]
 RECORDING_OFF = "hydra.launcher.mlflow.enabled=false"
-RECORDER = ("recorder.prepare", "recorder.open", "recorder.record", "recorder.flush")
-STORE = ("store.decide", "store.create_job_run", "store.finish_job_run")
+RECORDER = (
+    "recorder.prepare",
+    "recorder.claim",
+    "recorder.open",
+    "recorder.record",
+    "recorder.flush",
+)
+STORE = ("store.decide", "store.claim", "store.confirm", "store.finish_job_run")
 
 
 def trivial_task(cfg: DictConfig) -> dict[str, Any]:

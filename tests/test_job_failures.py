@@ -75,7 +75,8 @@ def test_crashed_job_is_retried_when_asked(launch_jobs: LaunchJobs, tmp_path: Pa
 
 @pytest.mark.usefixtures("mlflow_store")
 def test_cli_sweep_with_a_failing_job_still_finishes_the_others(tmp_path: Path) -> None:
-    result = run_probe_sweep(tmp_path, "mode=ok,segfault,ok")
+    # three distinct configs: one listed twice would run once (its twin waits for its run)
+    result = run_probe_sweep(tmp_path, "mode=ok,segfault,metric")
     # Hydra's BasicSweeper re-raises the first failure once the whole batch is done.
     assert result.returncode == 1
     assert "killed by SIGSEGV" in result.stderr

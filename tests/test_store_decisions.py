@@ -73,13 +73,25 @@ CASES: list[tuple[str, list[RunRecord], Rerun, Action, str | None]] = [
         Action.RESUME,
         "gone-running-0",
     ),
+    # A config another launcher runs right now is left to it, whatever rerun says.
+    ("running in a live launcher", records(RUNNING), Rerun.FAILED, Action.ELSEWHERE, "running-0"),
+    ("running live, rerun=all", records(RUNNING), Rerun.ALL, Action.ELSEWHERE, "running-0"),
+    ("running live, rerun=none", records(RUNNING), Rerun.NONE, Action.ELSEWHERE, "running-0"),
     (
-        "running in a live launcher",
-        records(RUNNING),
+        "running live beside an interrupted run",
+        records(RUNNING, RUNNING, orphaned={0}),
         Rerun.FAILED,
-        Action.RUN,
-        "running-0",
+        Action.ELSEWHERE,
+        "running-1",
     ),
+    (
+        "finished wins over running live",
+        records(RUNNING, FINISHED),
+        Rerun.FAILED,
+        Action.SKIP,
+        "finished-1",
+    ),
+    ("rerun=all, interrupted", records(RUNNING, orphaned={0}), Rerun.ALL, Action.RUN, None),
     ("killed", records(KILLED, FAILED), Rerun.FAILED, Action.RESUME, "killed-0"),
     ("killed, rerun=none", records(KILLED), Rerun.NONE, Action.REPORT_FAILURE, "killed-0"),
     ("failed", records(FAILED, KILLED), Rerun.FAILED, Action.RUN, "failed-0"),
@@ -104,6 +116,7 @@ def test_decisions_say_why() -> None:
     assert resumed.reason == "interrupted: its launcher has exited"
     assert decide(records(KILLED), Rerun.NONE, gone).reason == "recorded as KILLED"
     assert decide(records(FAILED), Rerun.NONE, gone).reason == "recorded as FAILED"
+    assert decide(records(RUNNING), Rerun.FAILED, gone).reason == "running in another launcher"
 
 
 def test_gone_is_asked_only_about_running_runs() -> None:

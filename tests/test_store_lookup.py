@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 
 from furcate_hydra.store import RunRecord, RunStatus, Tags
-from furcate_hydra.store.lookup import _from_database, _from_search, find_runs
+from furcate_hydra.store.lookup import (
+    _by_id_search,
+    _from_database,
+    _from_search,
+    find_runs,
+    runs_by_id,
+)
 
 
 class Runs:
@@ -150,3 +156,32 @@ def test_the_server_path_pages_through_every_run(
     ids = {runs.add(f"fp-{i}", i) for i in range(7)}
     found = list(_from_search(runs.client, runs.here, {f"fp-{i}" for i in range(7)}))
     assert {r.run_id for r in found} == ids
+
+
+def test_claims_and_followed_runs_are_read_alike_on_both_paths(runs: Runs) -> None:
+    # A check of claims reads RUNNING runs only; a followed run is read by its id. Both paths
+    # (SQL here, search_runs on a server) must agree.
+    running = runs.add("fp", 1000, tags={Tags.CLAIM: "won"})
+    finished = runs.add("fp", 2000, RunStatus.FINISHED)
+    deleted = runs.add("fp", 3000, deleted=True)
+    other = runs.add("fp-other", 4000)
+    runs.add("fp", 5000, experiment=runs.other)
+    store = runs.client._tracking_client.store
+
+    def ids(found: Any) -> list[str]:
+        return sorted(r.run_id for r in found)
+
+    assert [
+        r.run_id for r in find_runs(runs.client, runs.here, ["fp"], running_only=True)["fp"]
+    ] == [running]
+    assert ids(_from_search(runs.client, runs.here, {"fp"}, running_only=True)) == [running]
+    assert ids(_from_database(store, runs.here, {"fp"}, running_only=True)) == [running]
+
+    wanted = {running, finished, deleted, other, "no-such-run"}
+    by_id = runs_by_id(runs.client, runs.here, wanted)
+    assert sorted(by_id) == sorted([running, finished, other])  # deleted: let go
+    assert by_id[finished].status is RunStatus.FINISHED and by_id[other].fingerprint == "fp-other"
+    assert by_id[running].tags[Tags.CLAIM] == "won"
+    searched = {r.run_id: r for r in _by_id_search(runs.client, runs.here, sorted(wanted))}
+    assert searched == by_id
+    assert runs_by_id(runs.client, runs.here, []) == {}

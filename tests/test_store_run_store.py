@@ -12,6 +12,7 @@ import pytest
 
 from furcate_hydra.store import (
     Action,
+    ClaimRequest,
     LauncherIdentity,
     Rerun,
     RunStatus,
@@ -43,6 +44,15 @@ def store(mlflow_store: str) -> Iterator[RunStore]:
 
 def job_tags(fingerprint: str, num: int = 0) -> dict[str, str]:
     return {Tags.FINGERPRINT: fingerprint, Tags.JOB_NUM: str(num), Tags.OUTPUT_DIR: f"/o/{num}"}
+
+
+def new_run(
+    store: RunStore, name: str, tags: dict[str, str], params: dict[str, str] | None = None
+) -> str:
+    """A job's new run, as the launcher opens it: claimed, checked, confirmed."""
+    (claim,) = store.claim([ClaimRequest(tags[Tags.FINGERPRINT], name, tags, params or {})])
+    assert claim.won
+    return store.confirm(claim)
 
 
 def heartbeat(store: RunStore, run_id: str) -> float:
@@ -81,6 +91,37 @@ def test_a_sweep_is_a_running_parent_run_with_a_heartbeat(store: RunStore, tmp_p
     assert heartbeat(store, sweep_id) == last
 
 
+def test_sweeps_whose_launcher_is_gone_are_ended_killed(mlflow_store: str) -> None:
+    store = open_store(mlflow_store)
+    client, exp = store.client, store.experiment_id
+    now = time.time()
+
+    def sweep(identity: LauncherIdentity, beat: float) -> str:
+        tags = {**identity.tags(), Tags.ROLE: "sweep", Tags.HEARTBEAT: f"{beat:.3f}"}
+        run_id: str = client.create_run(exp, tags=tags).info.run_id
+        return run_id
+
+    remote = replace(LauncherIdentity.current(), host="another-host", pid=1, started="1")
+    killed_here = sweep(exited_launcher(), now - 30)
+    alive_here = sweep(LauncherIdentity.current(), now - 30)
+    stale_remote = sweep(remote, now - 600)
+    fresh_remote = sweep(remote, now)
+    job = client.create_run(exp, tags={**exited_launcher().tags(), Tags.FINGERPRINT: "fp"})
+    try:
+        own = store.start_sweep("sweep now", {})
+        status = {r: client.get_run(r).info.status for r in (killed_here, stale_remote)}
+        assert status == {killed_here: "KILLED", stale_remote: "KILLED"}
+        ended = client.get_run(killed_here)
+        last_beat = float(f"{now - 30:.3f}")
+        assert ended.info.end_time == int(last_beat * 1000)  # when it was last known alive
+        assert "has exited" in ended.data.tags[Tags.ERROR]
+        assert "heartbeat 600 s ago" in client.get_run(stale_remote).data.tags[Tags.ERROR]
+        for running in (alive_here, fresh_remote, own, job.info.run_id):
+            assert client.get_run(running).info.status == "RUNNING"
+    finally:
+        store.close()
+
+
 def test_finish_sweep_without_a_sweep_does_nothing(store: RunStore) -> None:
     store.finish_sweep(RunStatus.FINISHED)
     assert store.client.search_runs([store.experiment_id]) == []
@@ -90,13 +131,14 @@ def test_a_job_run_is_a_running_child_with_its_config_as_params(store: RunStore)
     sweep_id = store.start_sweep("sweep", {})
     # More params than one MLflow batch holds (100): every one of them must land.
     params = {f"model.layer_{i:03d}.width": str(i) for i in range(250)}
-    run_id = store.create_job_run("+lr=0.1", job_tags("fp-1", 3), params)
+    run_id = new_run(store, "+lr=0.1", job_tags("fp-1", 3), params)
     run = store.client.get_run(run_id)
     assert run.info.status == "RUNNING" and run.info.run_name == "+lr=0.1"
     assert run.data.params == params
     tags = run.data.tags
     assert tags[Tags.PARENT_RUN] == sweep_id
     assert tags[Tags.FINGERPRINT] == "fp-1" and tags[Tags.JOB_NUM] == "3"
+    assert tags[Tags.CLAIM] == "won"  # marked in the call that logged the params
     assert LauncherIdentity.current().tags().items() <= tags.items()
 
 
@@ -106,7 +148,7 @@ def test_a_finished_job_records_its_value_artifacts_and_end(
     store.start_sweep("sweep", {})
     (tmp_path / "stdout.log").write_text("hello\n")
     (tmp_path / "stderr.log").write_text("")
-    run_id = store.create_job_run("job", job_tags("fp"), {"lr": "0.1"})
+    run_id = new_run(store, "job", job_tags("fp"), {"lr": "0.1"})
     end = time.time() - 3
     store.finish_job_run(
         run_id,
@@ -128,7 +170,7 @@ def test_a_finished_job_records_its_value_artifacts_and_end(
 
 @pytest.mark.parametrize("value", [{"loss": 0.5}, True, "done", None])
 def test_any_json_value_is_recorded_as_json(store: RunStore, value: Any) -> None:
-    run_id = store.create_job_run("job", job_tags("fp"), {})
+    run_id = new_run(store, "job", job_tags("fp"), {})
     store.finish_job_run(run_id, RunStatus.FINISHED, return_value=value)
     run = store.client.get_run(run_id)
     assert run.data.tags[Tags.RETURN_VALUE].startswith("json:")
@@ -141,7 +183,7 @@ def test_any_json_value_is_recorded_as_json(store: RunStore, value: Any) -> None
 
 
 def test_a_failed_job_keeps_the_end_of_its_error(store: RunStore) -> None:
-    run_id = store.create_job_run("job", job_tags("fp"), {})
+    run_id = new_run(store, "job", job_tags("fp"), {})
     error = "Traceback (most recent call last):\n" + "  frame\n" * 2000 + "ValueError: bad lr"
     store.finish_job_run(run_id, RunStatus.FAILED, return_value=1.0, error=error)
     run = store.client.get_run(run_id)
@@ -153,7 +195,7 @@ def test_a_failed_job_keeps_the_end_of_its_error(store: RunStore) -> None:
 
 def test_a_return_value_too_large_for_a_tag_comes_back_from_an_artifact(store: RunStore) -> None:
     value = {"history": [float(i) for i in range(3000)], "shape": (3000,)}
-    run_id = store.create_job_run("job", job_tags("fp-big"), {})
+    run_id = new_run(store, "job", job_tags("fp-big"), {})
     store.finish_job_run(run_id, RunStatus.FINISHED, return_value=value)
     run = store.client.get_run(run_id)
     assert run.data.tags[Tags.RETURN_VALUE] == "artifact:" + RETURN_VALUE_ARTIFACT
@@ -166,7 +208,7 @@ def test_a_return_value_too_large_for_a_tag_comes_back_from_an_artifact(store: R
 
 def test_recorded_return_values_decode_from_the_tag(store: RunStore) -> None:
     for fp, value in [("fp-json", [1, 2]), ("fp-pickle", (1, 2)), ("fp-none", None)]:
-        run_id = store.create_job_run("job", job_tags(fp), {})
+        run_id = new_run(store, "job", job_tags(fp), {})
         store.finish_job_run(run_id, RunStatus.FINISHED, return_value=value)
         record = store.decide([fp], Rerun.FAILED)[fp].record
         assert record is not None
@@ -179,7 +221,7 @@ def test_one_decide_call_sorts_a_mixed_batch(store: RunStore) -> None:
     client, exp = store.client, store.experiment_id
 
     def ended(fp: str, status: RunStatus) -> str:
-        run_id = store.create_job_run(fp, job_tags(fp), {})
+        run_id = new_run(store, fp, job_tags(fp), {})
         store.finish_job_run(run_id, status, return_value="v")
         return run_id
 
@@ -198,8 +240,8 @@ def test_one_decide_call_sorts_a_mixed_batch(store: RunStore) -> None:
         "failed": (Action.RUN, ended("failed", RunStatus.FAILED)),
         "killed": (Action.RESUME, ended("killed", RunStatus.KILLED)),
         "interrupted": (Action.RESUME, running("interrupted", exited_launcher(), sweep_id)),
-        "live": (Action.RUN, store.create_job_run("live", job_tags("live"), {})),
-        "remote-alive": (Action.RUN, running("remote-alive", remote, sweep_id)),
+        "live": (Action.ELSEWHERE, new_run(store, "live", job_tags("live"), {})),
+        "remote-alive": (Action.ELSEWHERE, running("remote-alive", remote, sweep_id)),
         "remote-stale": (Action.RESUME, running("remote-stale", remote, stale_sweep)),
         "remote-orphan": (Action.RESUME, running("remote-orphan", remote, "no-such-run")),
     }
@@ -214,19 +256,26 @@ def test_one_decide_call_sorts_a_mixed_batch(store: RunStore) -> None:
     assert none["killed"].action is Action.REPORT_FAILURE
     assert none["failed"].action is Action.REPORT_FAILURE
     assert none["interrupted"].action is Action.RESUME
-    assert {d.action for d in store.decide(expected, Rerun.ALL).values()} == {Action.RUN}
+    every = store.decide(expected, Rerun.ALL)
+    held = {fp for fp, d in every.items() if d.action is Action.ELSEWHERE}
+    assert held == {"live", "remote-alive"}
+    assert {d.action for fp, d in every.items() if fp not in held} == {Action.RUN}
 
 
 def test_a_resumed_run_is_running_again_and_counts_its_resumes(store: RunStore) -> None:
     store.start_sweep("first", {})
-    run_id = store.create_job_run("job", job_tags("fp"), {"lr": "0.1"})
+    run_id = new_run(store, "job", job_tags("fp"), {"lr": "0.1"})
     for resumes in (1, 2):
         store.finish_job_run(run_id, RunStatus.KILLED, error="launcher stopped")
         decision = store.decide(["fp"], Rerun.FAILED)["fp"]
         assert decision.action is Action.RESUME and decision.record is not None
         assert decision.record.run_id == run_id
         tags = {**job_tags("fp", 7), Tags.CHECKPOINT_DIR: "/o/7/checkpoints"}
-        assert store.reopen_job_run(decision.record, tags) == run_id
+        (claim,) = store.claim([ClaimRequest("fp", "job", tags, {}, decision.record)])
+        assert claim.won and claim.run.run_id != run_id  # a stand-in claims the run
+        assert store.confirm(claim) == run_id
+        # the stand-in is gone: the resumed run is the config's only active run
+        assert store.client.get_run(claim.run.run_id).info.lifecycle_stage == "deleted"
         run = store.client.get_run(run_id)
         assert run.info.status == "RUNNING"
         assert run.data.tags[Tags.RESUMED] == str(resumes)
@@ -239,12 +288,12 @@ def test_a_resumed_run_is_running_again_and_counts_its_resumes(store: RunStore) 
 
 
 def test_latest_metrics_of_several_runs(store: RunStore) -> None:
-    first = store.create_job_run("a", job_tags("a"), {})
-    second = store.create_job_run("b", job_tags("b"), {})
+    first = new_run(store, "a", job_tags("a"), {})
+    second = new_run(store, "b", job_tags("b"), {})
     for step, loss in enumerate([0.9, 0.5]):
         store.client.log_metric(first, "loss", loss, step=step)
     store.client.log_metric(second, "acc", 0.75)
-    store.create_job_run("c", job_tags("c"), {})
+    new_run(store, "c", job_tags("c"), {})
     assert store.latest_metrics([first, second]) == {
         first: {"loss": 0.5},
         second: {"acc": 0.75},
@@ -293,7 +342,7 @@ def test_artifacts_live_next_to_the_sqlite_file(
     assert experiment.artifact_location == str(tmp_path / "mlruns")
     log = tmp_path / "stdout.log"
     log.write_text("x")
-    run_id = opened.create_job_run("job", job_tags("fp"), {})
+    run_id = new_run(opened, "job", job_tags("fp"), {})
     opened.finish_job_run(run_id, RunStatus.FINISHED, artifacts=[log])
     artifact_uri = opened.client.get_run(run_id).info.artifact_uri
     assert artifact_uri.startswith(f"{tmp_path}/mlruns/")

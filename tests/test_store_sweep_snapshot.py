@@ -144,11 +144,14 @@ def record_pruned_sweep(store: RunStore, sweep_dir: Path) -> tuple[str, str]:
     and the Optuna sweeper record one: its sweep run and job run."""
     import optuna
 
+    from furcate_hydra.store.claims import ClaimRequest
     from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialRuns
 
     sweep_id = store.start_sweep("sweep", {Tags.SWEEP_DIR: str(sweep_dir)})
     tags = {Tags.FINGERPRINT: "fp", Tags.JOB_NUM: "0", Tags.OVERRIDES: "lr=0.1"}
-    run_id = store.create_job_run("lr=0.1", {**tags, Tags.OUTPUT_DIR: str(sweep_dir / "0")}, {})
+    request = ClaimRequest("fp", "lr=0.1", {**tags, Tags.OUTPUT_DIR: str(sweep_dir / "0")}, {})
+    (claim,) = store.claim([request])
+    run_id = store.confirm(claim)
     store.finish_job_run(run_id, RunStatus.FINISHED, return_value=0.5)
     trial = optuna.trial.create_trial(
         state=optuna.trial.TrialState.PRUNED,

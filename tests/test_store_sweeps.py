@@ -21,6 +21,7 @@ from hydra.core.utils import JobStatus
 from furcate_hydra.hydra_layer.recording import sweep_run_name
 from furcate_hydra.store import Tags
 from tests.conftest import LaunchJobs, run_probe_sweep
+from tests.process_helpers import killed_if_left, start_probe_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
 
 
@@ -113,6 +114,19 @@ def test_skipped_jobs_return_the_recorded_values(launch_jobs: LaunchJobs) -> Non
     # The probe returns its pid and timings: equal values mean nothing ran again.
     assert [r.return_value for r in second] == [r.return_value for r in first]
     assert [r.overrides for r in second] == [["+lr=0.1"], ["+lr=0.01"]]
+
+
+def test_a_config_twice_in_one_launch_runs_once(
+    tmp_path: Path, mlflow_store: str, launch_jobs: LaunchJobs
+) -> None:
+    returns = launch_jobs([["+lr=0.1"], ["+lr=0.1"], ["+lr=0.2"]], [])
+    assert [r.status for r in returns] == [JobStatus.COMPLETED] * 3
+    # the twin waited for the first one's run and returns its value (the probe's pid, times)
+    assert returns[1].return_value == returns[0].return_value
+    assert ran(tmp_path / "sweep") == ["0", "2"]
+    assert len(job_runs(mlflow_store)) == 2
+    twin = json.loads((tmp_path / "sweep" / "1" / "run_data.json").read_text())
+    assert twin["skipped"] is True and twin["ran_elsewhere"] is True
 
 
 def test_a_value_added_to_the_sweep_runs_only_the_new_configs(
@@ -230,3 +244,30 @@ def test_sqlite_store_is_switched_to_wal_unless_disabled(
     sweep(tmp_path, "on", "+lr=0.2", f"hydra.launcher.mlflow.tracking_uri=sqlite:///{plain}")
     assert journal_mode(plain) == "wal"
     assert len(job_runs(f"sqlite:///{plain}")) == 2  # nothing lost by the switch
+
+
+def test_a_killed_launchers_sweep_run_is_ended_by_the_next_launcher(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    first_dir = tmp_path / "first"
+    first_dir.mkdir()
+    with killed_if_left(start_probe_sweep(first_dir, "+i=0,1", "sleep=60")) as first:
+        deadline = time.monotonic() + 60
+        while not any(r.info.status == "RUNNING" for r in job_runs(mlflow_store)):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "no job started"
+            time.sleep(0.1)
+        first.kill()  # the launcher alone, as the OOM killer would
+        first.wait()
+    (killed,) = sweep_runs(mlflow_store)
+    assert killed.info.status == "RUNNING"  # nobody was left to end it
+
+    rerun = run_probe_sweep(tmp_path, "+i=2")
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"sweep run {killed.info.run_id}" in rerun.stdout + rerun.stderr
+    assert "has exited: marked KILLED" in rerun.stdout + rerun.stderr
+    ended, new = sweep_runs(mlflow_store)
+    assert ended.info.run_id == killed.info.run_id
+    assert ended.info.status == "KILLED" and ended.info.end_time is not None
+    assert "has exited" in ended.data.tags[Tags.ERROR]
+    assert new.info.status == "FINISHED"

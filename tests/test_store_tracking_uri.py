@@ -1,9 +1,12 @@
-"""Which store a sweep records into, and the check that it answers before any job starts."""
+"""Which store a sweep records into, the check that it answers before any job starts, and a
+fresh sqlite store created by several processes at once."""
 
 from __future__ import annotations
 
 import http.server
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +18,7 @@ import pytest
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.store import TrackingUri, check_tracking_uri, resolve_tracking_uri
 from furcate_hydra.store.tracking_uri import DEFAULT_TRACKING_URI, ENV_KEY, URI_KEY
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(
@@ -175,3 +179,41 @@ def test_a_server_answering_an_error_is_refused(status: int) -> None:
         uri = f"http://127.0.0.1:{server.server_port}"
         error = config_error(TrackingUri(uri, URI_KEY))
     assert error.problem == f"{uri}/health answered HTTP {status}"
+
+
+CREATE_STORE = """
+import sys, time
+from pathlib import Path
+from furcate_hydra.store import RunStore, resolve_tracking_uri
+
+uri, ready, count = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+(ready / sys.argv[4]).touch()
+while len(list(ready.iterdir())) < count:  # all imported: open the store together
+    time.sleep(0.001)
+store = RunStore(resolve_tracking_uri(uri), "exp", 10.0, 60.0, sqlite_wal=True)
+store.close()
+print(store.experiment_id)
+"""
+
+
+@pytest.mark.slow  # two fresh MLflow schemas, one after the other: ~25 s on 2 busy cores
+def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    (tmp_path / "fresh").mkdir()
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    count = 2
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", CREATE_STORE, uri, str(ready), str(count), str(i)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+    results = [p.communicate(timeout=120) for p in processes]
+    for process, (_, stderr) in zip(processes, results, strict=True):
+        assert process.returncode == 0, stderr
+    assert len({stdout.strip() for stdout, _ in results}) == 1  # one experiment, found by all

@@ -4,9 +4,13 @@ launch(overrides...) ──► every job's dir and log inside the sweep dir? (ch
                         the pool starts; job_dirs) ──► else refused, nothing runs
                     ──► compose each job's config here (SweepComposer, job num/id): a JobRecord
                     ──► recorder: fingerprint, one MLflow lookup per chunk ──► skip / resume / run
+                    ──► recorder: claim the configs to run, one lookup of rivals per chunk ──►
+                        lost: held by another launcher, waited for (no process started)
                     ──► executor.submit(record: payload = config, env = run + dirs + trial)
                     ◄── record, state final ──► JobReturn (COMPLETED / FAILED with a typed error)
                     ──► recorder: run's final status, return value, artifacts, run data
+wait_any also follows the configs held elsewhere (one lookup every ELSEWHERE_POLL_S): one that
+ended there comes back with that run's outcome; one let go there is decided and claimed again.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import inspect
 import logging
 import re
 import signal
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,18 +51,28 @@ from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
 from furcate_hydra.hydra_layer.recording import JobRecorder
-from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest
+from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest, JobRun
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
 from furcate_hydra.reasons import one_line_reason
-from furcate_hydra.store import code_version
+from furcate_hydra.store import Action, Decision, RunRecord, code_version
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LaunchSession", "check_batch_paths", "launch", "streaming", "task_overrides"]
+__all__ = [
+    "ELSEWHERE_POLL_S",
+    "LaunchSession",
+    "check_batch_paths",
+    "launch",
+    "streaming",
+    "task_overrides",
+]
+
+# How often the store is asked about configs other launchers hold (one lookup for all of them).
+ELSEWHERE_POLL_S = 1.0
 
 
 class LaunchSession:
@@ -109,9 +124,13 @@ class LaunchSession:
         self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
+        # held by other launchers: the job and the run it waits for
+        self._elsewhere: dict[str, tuple[JobRecord, RunRecord]] = {}
+        self._next_follow = 0.0
         self.composer = composer or SweepComposer(hydra_context, config)
-        # over one streaming() block, for the log; stale: skipped, though other code finished it
-        self.submitted = self.skipped = self.skipped_stale = 0
+        # over one streaming() block, for the log; stale: skipped, though other code finished it;
+        # elsewhere: ran in another launcher while this one waited
+        self.submitted = self.skipped = self.skipped_stale = self.elsewhere = 0
         self._closed = False
 
     @classmethod
@@ -145,10 +164,11 @@ class LaunchSession:
             self.executor.set_context(context)
 
     def submit_batch(self, requests: Sequence[JobRequest]) -> list[JobRecord]:
-        """Compose, look up (one store query for the batch) and queue jobs.
+        """Compose, look up (one store query for the batch), claim (one more) and queue jobs.
 
         Jobs already recorded as FINISHED are not run: their JobReturns, carrying the recorded
-        return value, come out of the next ``wait_any``.
+        return value, come out of the next ``wait_any``. Jobs whose config another launcher
+        holds come out once it ended there, with its outcome.
         """
         jobs = [self._compose(request) for request in requests]
         if self._failing_fast is not None:
@@ -157,17 +177,37 @@ class LaunchSession:
                 job.state, job.error = JobState.CANCELLED, f"not started: {self._failing_fast}"
                 self._ready.append((job.key, self._not_started(job)))
             return jobs
-        decisions = self.recorder.prepare(jobs)
+        self.submitted += len(jobs)
+        self._dispatch(jobs, self.recorder.prepare(jobs))
+        return jobs
+
+    def _dispatch(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> None:
+        decisions = self.recorder.claim(jobs, decisions)
         for job, decision in zip(jobs, decisions, strict=True):
             interrupts.check()  # composing a batch can take a while: a lost Ctrl-C stops it
+            if decision.action is Action.ELSEWHERE and decision.record is not None:
+                if not self._elsewhere:  # its run has just been seen RUNNING: not at once
+                    self._next_follow = time.monotonic() + ELSEWHERE_POLL_S
+                self._elsewhere[job.key] = (job, decision.record)
+                log.info(
+                    "\t#%d : %s (running elsewhere: %s, MLflow run %s; waiting for it)",
+                    job.num,
+                    job.label,
+                    self.recorder.holder(decision.record),
+                    decision.record.run_id,
+                )
+                continue
             # Each job is handed to the executor as soon as its run exists, not after the batch.
             skipped = self.recorder.open(job, decision)
-            self.submitted += 1
             if skipped is not None:
-                self.skipped += 1
                 self.tally.skipped()
-                self.skipped_stale += decision.other_code
-                log.info("\t#%d : %s (skipped: run %s)", job.num, job.label, job.run_id)
+                if decision.ran_elsewhere:
+                    self.elsewhere += 1
+                    log.info("\t#%d : %s (ran elsewhere: run %s)", job.num, job.label, job.run_id)
+                else:
+                    self.skipped += 1
+                    self.skipped_stale += decision.other_code
+                    log.info("\t#%d : %s (skipped: run %s)", job.num, job.label, job.run_id)
                 self._ready.append((job.key, skipped))
                 if skipped.status is JobStatus.COMPLETED:
                     self.summary.finished(job.num, skipped.return_value, skipped=True)
@@ -185,15 +225,57 @@ class LaunchSession:
                 self._finish(job)
                 raise
             self._jobs[job.key] = job
-        return jobs
 
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
-        if self._ready:
-            ready, self._ready = self._ready, []
-            return ready + [(j.key, self._finish(j)) for j in self.executor.wait_any(0)]
-        returns = [(j.key, self._finish(j)) for j in self.executor.wait_any(timeout)]
-        self.recorder.flush(force=False)
-        return returns
+        """Jobs that ended: here, or (held elsewhere) in another launcher; at least one unless
+        ``timeout`` passed or nothing is in flight."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._elsewhere and time.monotonic() >= self._next_follow:
+                self._follow()
+            if self._ready:
+                ready, self._ready = self._ready, []
+                return ready + [(j.key, self._finish(j)) for j in self.executor.wait_any(0)]
+            now = time.monotonic()
+            wait = None if deadline is None else max(0.0, deadline - now)
+            if self._elsewhere:
+                due = max(0.0, self._next_follow - now)
+                wait = due if wait is None else min(wait, due)
+            if self.executor.pending:
+                returns = [(j.key, self._finish(j)) for j in self.executor.wait_any(wait)]
+                self.recorder.flush(force=False)
+                if returns:
+                    return returns
+            elif self._elsewhere and wait:
+                interrupts.check()
+                time.sleep(min(wait, ELSEWHERE_POLL_S))
+            if not self._elsewhere and not self.executor.pending:
+                return []
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+
+    def _follow(self) -> None:
+        """One lookup for every config held elsewhere: those that ended there are ready, with
+        that run's outcome; those let go (stopped, their launcher gone) are decided again."""
+        waiting = list(self._elsewhere.values())
+        again: list[tuple[JobRecord, Decision]] = []
+        for (job, _), decision in zip(
+            waiting, self.recorder.follow([r for _, r in waiting]), strict=True
+        ):
+            if decision is None:
+                continue
+            del self._elsewhere[job.key]
+            again.append((job, decision))
+        if again:
+            self._dispatch([j for j, _ in again], [d for _, d in again])
+        self._next_follow = time.monotonic() + ELSEWHERE_POLL_S
+
+    def job_run(self, key: str) -> JobRun:
+        """A submitted job's MLflow run: its own, or the one it waits for elsewhere."""
+        held = self._elsewhere.get(key)
+        if held is not None:
+            return JobRun(held[1].run_id, elsewhere=True)
+        return self.recorder.job_run(key)
 
     @property
     def idle_slots(self) -> int:
@@ -217,6 +299,7 @@ class LaunchSession:
         stopped = len(self._jobs)
         self.recorder.close(interrupted, self._jobs.values())
         self._jobs.clear()
+        self._elsewhere.clear()  # nothing of this launcher's: the other one records them
         interrupts.restore()
         return stopped
 
@@ -371,7 +454,7 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     configure_log(session.config.hydra.hydra_logging, session.config.hydra.verbose)
     Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     session.refresh_context()
-    session.submitted = session.skipped = session.skipped_stale = 0
+    session.submitted = session.skipped = session.skipped_stale = session.elsewhere = 0
     session.view.start()
     try:
         yield
@@ -379,6 +462,13 @@ def streaming(session: LaunchSession) -> Iterator[None]:
         session.recorder.flush()
         session.summary.pruned(session.tally.snapshot().pruned)
         session.write_summary()
+        if session.elsewhere:
+            log.info(
+                "furcate: %d of %d configs ran in other launchers (their MLflow runs are the "
+                "record)",
+                session.elsewhere,
+                session.submitted,
+            )
         if session.skipped:
             log.info(
                 "furcate: skipped %d of %d configs already recorded in MLflow",

@@ -1,9 +1,13 @@
 """Every job an MLflow run: decide skip/resume/run per batch, record outcomes, write run data.
 
 prepare(jobs) ──► fingerprints ──► one store lookup ──► a Decision per job
+claim(jobs, decisions) ──► jobs to run or resume: a claim each, one lookup of rivals ──►
+                           lost ones become ELSEWHERE (another launcher holds the config)
 open(job, decision) ──► FINISHED before    → JobReturn from the record, not run
                         interrupted/KILLED → same run again, resumes from its checkpoint dir
-                        otherwise          → new RUNNING run (tags, params)
+                        otherwise          → the claim's new RUNNING run (tags, params)
+follow(waiting) ──► one lookup: configs held elsewhere that ended (their outcome, as a skip
+                    or a failure) or were let go (decided again)
 record(job, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artifacts,
                            run_data.json; a row for run_data.csv (kept on disk: SweepRows)
 The first batch also opens the sweep's parent run and writes furcate_sweep.json, which says
@@ -32,9 +36,12 @@ from furcate_hydra.hydra_layer.streaming import JobRun
 from furcate_hydra.layout import JobPaths, SweepPaths
 from furcate_hydra.store import (
     Action,
+    Claim,
+    ClaimRequest,
     CodeCheck,
     CodeVersion,
     Decision,
+    RunRecord,
     RunStatus,
     RunStore,
     Tags,
@@ -99,6 +106,7 @@ class JobRecorder:
             )
         self._sweep_recorded = False
         self._rows = SweepRows()
+        self._claims: dict[str, Claim] = {}  # won, by job key, until the job's run is opened
         self._csv_written = 0.0
 
     # -- before jobs run ----------------------------------------------------------------
@@ -115,9 +123,65 @@ class JobRecorder:
         run = Decision(Action.RUN)
         return [decisions.get(str(job.fingerprint), run) for job in jobs]
 
+    def claim(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> list[Decision]:
+        """Claim the configs of the jobs about to run or resume, one lookup for all of them.
+        A lost claim turns its job's decision into ELSEWHERE: wait for the run that holds it.
+        A config twice in the batch is claimed once; its twin waits for that run."""
+        if self.store is None:
+            return list(decisions)
+        claiming = [Action.RUN, Action.RESUME]
+        requests: list[ClaimRequest] = []
+        owners: dict[str, str] = {}  # fingerprint → key of the job that claims it
+        for job, decision in zip(jobs, decisions, strict=True):
+            fp = str(job.fingerprint)
+            if decision.action not in claiming or fp in owners:
+                continue
+            owners[fp] = job.key
+            resumed = decision.record if decision.action is Action.RESUME else None
+            checkpoints = (resumed.checkpoint_dir if resumed else None) or job.paths.checkpoint_dir
+            requests.append(
+                ClaimRequest(
+                    fp,
+                    (job.label or "defaults")[:_MAX_RUN_NAME],
+                    {**self._job_tags(job), Tags.CHECKPOINT_DIR: str(checkpoints)},
+                    {} if resumed else flatten_params(job.task_config),
+                    resumed,
+                )
+            )
+        claims = {c.request.fingerprint: c for c in self.store.claim(requests)}
+        out: list[Decision] = []
+        for job, decision in zip(jobs, decisions, strict=True):
+            claim = claims.get(str(job.fingerprint))
+            if decision.action not in claiming or claim is None:
+                out.append(decision)
+            elif claim.holder is not None:
+                out.append(Decision(Action.ELSEWHERE, claim.holder, "claimed elsewhere first"))
+            elif owners[claim.request.fingerprint] == job.key:
+                self._claims[job.key] = claim
+                out.append(decision)
+            else:  # the same config again in this batch: it waits for the first one's run
+                held = claim.request.resumes or claim.run
+                out.append(Decision(Action.ELSEWHERE, held, "running in this sweep"))
+        return out
+
+    def follow(self, waiting: Sequence[RunRecord]) -> list[Decision | None]:
+        """For runs held elsewhere: None while one still runs; else what to do with its job."""
+        if self.store is None or not waiting:
+            return [None] * len(waiting)
+        return self.store.follow(waiting, self.options.rerun, self._code_check)
+
+    def holder(self, record: RunRecord) -> str:
+        """Which launcher holds a run, in words, for the log."""
+        tags = record.tags
+        if self.store is not None and self.store.identity.tags().items() <= tags.items():
+            return f"this sweep's job #{tags.get(Tags.JOB_NUM, '?')}"
+        pid, host = tags.get(Tags.LAUNCHER_PID, "?"), tags.get(Tags.HOST, "?")
+        return f"launcher pid {pid} on {host}"
+
     def open(self, job: JobRecord, decision: Decision) -> JobReturn | None:
         """The JobReturn of a job that does not run (its record says how it ended), or None
-        once the job's run is open (a new one, or the interrupted one) and its env is set."""
+        once the job's run is open (its claim's new run, or the interrupted one) and its env
+        is set. Not for ELSEWHERE: such a job waits (``follow``)."""
         record = decision.record
         if decision.action is Action.SKIP and record is not None and self.store is not None:
             value = self.store.recorded_return_value(record)
@@ -130,36 +194,40 @@ class JobRecorder:
             job_return = synthetic_job_return(
                 job.config, shown or job.paths.output_dir, JobStatus.COMPLETED, value
             )
-            self._write_skipped_job_dir(job, row, job_return, recorded)
+            self._write_skipped_job_dir(job, row, job_return, recorded, decision)
             return job_return
         if decision.action is Action.REPORT_FAILURE and record is not None:
-            error = RuntimeError(
-                f"Job {job.name} is {decision.reason} in MLflow run {record.run_id} and "
-                "hydra.launcher.rerun=none; set hydra.launcher.rerun=failed to run it again"
-            )
+            if decision.ran_elsewhere:
+                why = record.tags.get(Tags.ERROR, "no error recorded").splitlines()[-1:] or [""]
+                error = RuntimeError(
+                    f"Job {job.name} failed in another launcher, in MLflow run "
+                    f"{record.run_id}: {why[0]}"
+                )
+            else:
+                error = RuntimeError(
+                    f"Job {job.name} is {decision.reason} in MLflow run {record.run_id} and "
+                    "hydra.launcher.rerun=none; set hydra.launcher.rerun=failed to run it again"
+                )
             job.run_id, job.skipped = record.run_id, True
             row = self._add_row(job, record.status, None, str(error))
             job_return = synthetic_job_return(
                 job.config, job.paths.output_dir, JobStatus.FAILED, error
             )
             ran_in = Path(record.output_dir) if record.output_dir else None
-            self._write_skipped_job_dir(job, row, job_return, ran_in)
+            self._write_skipped_job_dir(job, row, job_return, ran_in, decision)
             return job_return
         if self.store is not None:
-            resumed = record if decision.action is Action.RESUME else None
+            claim = self._claims.pop(job.key)
+            resumed = claim.request.resumes
             if resumed is not None and resumed.checkpoint_dir:
                 # the run keeps its checkpoints where its first attempt wrote them; the new job
                 # dir points there, so its checkpoints are found beside its other outputs
                 job.paths = JobPaths.of(job.paths.output_dir, resumed.checkpoint_dir)
                 _link_checkpoints(job.paths)
-            tags = {**self._job_tags(job), Tags.CHECKPOINT_DIR: str(job.paths.checkpoint_dir)}
+            job.run_id = self.store.confirm(claim)
             if resumed is not None:
-                job.run_id = self.store.reopen_job_run(resumed, tags)
                 job.resumed = True
                 log.info("\t#%d resumes MLflow run %s (%s)", job.num, job.run_id, decision.reason)
-            else:
-                name = (job.label or "defaults")[:_MAX_RUN_NAME]
-                job.run_id = self.store.create_job_run(name, tags, flatten_params(job.task_config))
             job.env.update(
                 {
                     env_vars.TRACKING_URI: self.store.tracking_uri,
@@ -172,7 +240,12 @@ class JobRecorder:
         return None
 
     def _write_skipped_job_dir(
-        self, job: JobRecord, row: JobRow, job_return: JobReturn, recorded: Path | None
+        self,
+        job: JobRecord,
+        row: JobRow,
+        job_return: JobReturn,
+        recorded: Path | None,
+        decision: Decision,
     ) -> None:
         """A job that did not run still gets its dir: Hydra's ``.hydra/`` files, as run_job
         writes them, and a ``run_data.json`` that names the run it was taken from."""
@@ -189,11 +262,15 @@ class JobRecorder:
                 text = OmegaConf.to_yaml(node).encode()
                 atomic_write_bytes(hydra_dir / name, text, durable=False)
         output_dir.mkdir(parents=True, exist_ok=True)
-        details = {"recorded_output_dir": None if recorded is None else str(recorded)}
+        details = {
+            "recorded_output_dir": None if recorded is None else str(recorded),
+            "ran_elsewhere": decision.ran_elsewhere,
+        }
         write_run_data_json(job.paths.run_data, row, job.task_config, details)
         if "file" in (job.config.hydra.job_logging or {}).get("handlers", {}):
             # Hydra's job logging writes <job name>.log in every job dir that ran
-            why = row.error or f"skipped: finished before in MLflow run {job.run_id}"
+            when = "in another launcher" if decision.ran_elsewhere else "before"
+            why = row.error or f"skipped: finished {when} in MLflow run {job.run_id}"
             where = "" if recorded is None else f" (its outputs: {recorded})"
             log_file = output_dir / f"{job.config.hydra.job.name}.log"
             atomic_write_bytes(log_file, f"furcate: {why}{where}\n".encode(), durable=False)
@@ -291,7 +368,12 @@ class JobRecorder:
             self.store.log_sweep_artifact(path)
 
     def close(self, interrupted: bool, in_flight: Iterable[JobRecord]) -> None:
-        """Runs of jobs still in flight are KILLED (resumable); the sweep run gets its state."""
+        """Runs of jobs still in flight are KILLED (resumable); claims of jobs that never
+        started are withdrawn; the sweep run gets its state."""
+        if self.store is not None:
+            for claim in self._claims.values():
+                self.store.withdraw(claim)
+        self._claims.clear()
         for job in in_flight:
             # a row and run_data.json for each, so the sweep's record lists what was stopped
             row = self._add_row(job, RunStatus.KILLED, None, "launcher stopped")

@@ -5,6 +5,7 @@ Imports no Hydra; MLflow itself is imported only when a store is opened.
 
 from __future__ import annotations
 
+from furcate_hydra.store.claims import Claim, ClaimRequest
 from furcate_hydra.store.code_version import CodeChange, CodeVersion, code_version
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
@@ -15,6 +16,8 @@ from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, re
 
 __all__ = [
     "Action",
+    "Claim",
+    "ClaimRequest",
     "CodeChange",
     "CodeCheck",
     "CodeVersion",

@@ -1,4 +1,5 @@
-"""What to do with a config, given its recorded runs: skip it, resume a run, or start one."""
+"""What to do with a config, given its recorded runs: skip it, resume a run, start one, or leave
+it to the launcher that runs it right now."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Action(enum.Enum):
     RESUME = "resume"  # the same run again, from its last checkpoint
     SKIP = "skip"  # FINISHED: return the recorded value
     REPORT_FAILURE = "report_failure"  # rerun=none and the record says FAILED/KILLED
+    ELSEWHERE = "elsewhere"  # RUNNING under a live launcher: wait for its outcome
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Decision:
     record: RunRecord | None = None
     reason: str = ""
     other_code: bool = False  # SKIP of a run that other code finished (code_change=warn)
+    # SKIP / REPORT_FAILURE of the outcome of a run another launcher held while this one waited
+    ran_elsewhere: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,29 +75,35 @@ def decide(
     """Decide from a config's runs (newest first).
 
     ``gone(record)`` says why a RUNNING run's launcher is gone (None if it may be alive).
-    A RUNNING run whose launcher is gone was interrupted; it and a KILLED run continue in the
-    same run from their last checkpoint. A FAILED run is not resumed: its checkpoint may be
-    what made it fail. With ``code`` and ``code_change=rerun``, a run other code FINISHED does
-    not count: the config runs again, in a new run.
+    A RUNNING run under a live launcher is that launcher's: the config is left to it, whatever
+    ``rerun`` says (a config runs once however many launchers sweep it). A RUNNING run whose
+    launcher is gone was interrupted; it and a KILLED run continue in the same run from their
+    last checkpoint. A FAILED run is not resumed: its checkpoint may be what made it fail. With
+    ``code`` and ``code_change=rerun``, a run other code FINISHED does not count: the config
+    runs again, in a new run.
     """
     code = code or CodeCheck(None, CodeChange.IGNORE)
     stale: list[RunRecord] = []
     if code.change is CodeChange.RERUN:
         stale = [r for r in records if r.status is RunStatus.FINISHED and not code.same(r)]
         records = [r for r in records if r not in stale]
+    if rerun is not Rerun.ALL:
+        for record in records:
+            if record.status is RunStatus.FINISHED:
+                other = code.change is CodeChange.WARN and not code.same(record)
+                return Decision(Action.SKIP, record, "already finished", other_code=other)
+    # asked once per RUNNING run (cheap: the heartbeats are read already)
+    why_gone = {r.run_id: gone(r) for r in records if r.status is RunStatus.RUNNING}
+    live = [r for r in records if r.run_id in why_gone and why_gone[r.run_id] is None]
+    if live:
+        return Decision(Action.ELSEWHERE, live[0], "running in another launcher")
     if rerun is Rerun.ALL or not records:
         if stale:
             return Decision(Action.RUN, stale[0], "finished by other code")
         return Decision(Action.RUN)
     for record in records:
-        if record.status is RunStatus.FINISHED:
-            other = code.change is CodeChange.WARN and not code.same(record)
-            return Decision(Action.SKIP, record, "already finished", other_code=other)
-    for record in records:
-        if record.status is RunStatus.RUNNING:
-            why = gone(record)
-            if why is not None:
-                return Decision(Action.RESUME, record, f"interrupted: {why}")
+        if why_gone.get(record.run_id):
+            return Decision(Action.RESUME, record, f"interrupted: {why_gone[record.run_id]}")
     newest = records[0]
     if newest.status is RunStatus.KILLED:
         if rerun is Rerun.NONE:
@@ -103,5 +113,4 @@ def decide(
         if rerun is Rerun.NONE:
             return Decision(Action.REPORT_FAILURE, newest, "recorded as FAILED")
         return Decision(Action.RUN, newest, "failed before")
-    # RUNNING under a live launcher (another sweep runs this config right now).
-    return Decision(Action.RUN, newest, "is running in another launcher")
+    return Decision(Action.RUN, newest, "not a run furcate ended")

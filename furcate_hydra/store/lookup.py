@@ -4,7 +4,8 @@ MLflow's search filter cannot match a tag against a list of values, and loading 
 costs ~1 ms each (params, metrics, tags). For database-backed stores the lookup therefore
 asks the store's own database one SELECT for just the runs' status and furcate tags. An
 MLflow server offers no such query; there the lookup pages through the experiment's
-fingerprinted runs with ``search_runs`` and filters them here.
+fingerprinted runs with ``search_runs`` and filters them here (the RUNNING ones only, for a
+check of claims; by run id, for runs followed while another launcher holds them).
 """
 
 from __future__ import annotations
@@ -15,24 +16,27 @@ from typing import Any
 
 from furcate_hydra.store.records import RunRecord, RunStatus, Tags
 
-__all__ = ["find_runs"]
+__all__ = ["find_runs", "runs_by_id"]
 
 # Well under sqlite's limit on bound parameters per statement.
 _CHUNK = 500
+# Run ids per search_runs filter on a server (each id is 32 characters of the filter string).
+_ID_CHUNK = 100
 
 
 def find_runs(
-    client: Any, experiment_id: str, fingerprints: Collection[str]
+    client: Any, experiment_id: str, fingerprints: Collection[str], *, running_only: bool = False
 ) -> dict[str, list[RunRecord]]:
-    """Active runs per fingerprint in the experiment, newest first; missing ones are absent."""
+    """Active runs per fingerprint in the experiment, newest first; missing ones are absent.
+    ``running_only``: only RUNNING runs (the claims on a config, see store/claims.py)."""
     wanted = set(fingerprints)
     if not wanted:
         return {}
     store = client._tracking_client.store
     if hasattr(store, "ManagedSessionMaker"):
-        records = _from_database(store, experiment_id, wanted)
+        records = _from_database(store, experiment_id, wanted, None, running_only)
     else:
-        records = _from_search(client, experiment_id, wanted)
+        records = _from_search(client, experiment_id, wanted, running_only)
     found: dict[str, list[RunRecord]] = collections.defaultdict(list)
     for record in records:
         found[record.fingerprint].append(record)
@@ -41,13 +45,35 @@ def find_runs(
     return dict(found)
 
 
-def _from_database(store: Any, experiment_id: str, wanted: set[str]) -> Iterator[RunRecord]:
+def runs_by_id(client: Any, experiment_id: str, run_ids: Collection[str]) -> dict[str, RunRecord]:
+    """The active fingerprinted runs among ``run_ids``, by id: a few runs followed, without
+    reading every run of their configs."""
+    wanted = set(run_ids)
+    if not wanted:
+        return {}
+    store = client._tracking_client.store
+    if hasattr(store, "ManagedSessionMaker"):
+        records = _from_database(store, experiment_id, None, wanted, False)
+    else:
+        records = _by_id_search(client, experiment_id, sorted(wanted))
+    return {record.run_id: record for record in records}
+
+
+def _from_database(
+    store: Any,
+    experiment_id: str,
+    fingerprints: set[str] | None,
+    run_ids: set[str] | None = None,
+    running_only: bool = False,
+) -> Iterator[RunRecord]:
+    """One SELECT per chunk of fingerprints (or run ids): status, start and furcate's tags."""
     import sqlalchemy as sa
     from mlflow.store.tracking.dbmodels.models import SqlRun, SqlTag
 
     fp_tag = sa.orm.aliased(SqlTag)
     other = sa.orm.aliased(SqlTag)
-    ordered = sorted(wanted)
+    ordered = sorted(fingerprints if fingerprints is not None else run_ids or ())
+    column: Any = fp_tag.value if fingerprints is not None else SqlRun.run_uuid
     rows: dict[str, tuple[str, str, int, dict[str, str]]] = {}
     with store.ManagedSessionMaker() as session:
         for start in range(0, len(ordered), _CHUNK):
@@ -69,10 +95,12 @@ def _from_database(store: Any, experiment_id: str, wanted: set[str]) -> Iterator
                 .where(
                     SqlRun.experiment_id == int(experiment_id),
                     SqlRun.lifecycle_stage == "active",
-                    fp_tag.value.in_(chunk),
+                    column.in_(chunk),
                     sa.or_(other.key.like("furcate.%"), other.key == Tags.PARENT_RUN),
                 )
             )
+            if running_only:
+                query = query.where(SqlRun.status == RunStatus.RUNNING.value)
             for run_id, status, start_time, fp, key, value in session.execute(query):
                 entry = rows.setdefault(run_id, (fp, status, int(start_time or 0), {}))
                 entry[3][key] = value
@@ -80,18 +108,33 @@ def _from_database(store: Any, experiment_id: str, wanted: set[str]) -> Iterator
         yield RunRecord(run_id, fp, RunStatus.parse(status), start_time, tags)
 
 
-def _from_search(client: Any, experiment_id: str, wanted: set[str]) -> Iterator[RunRecord]:
+def _from_search(
+    client: Any, experiment_id: str, wanted: set[str], running_only: bool = False
+) -> Iterator[RunRecord]:
+    condition = f"tags.`{Tags.FINGERPRINT}` LIKE '%'"
+    if running_only:
+        condition += f" and attributes.status = '{RunStatus.RUNNING.value}'"
+    for record in _search(client, experiment_id, condition):
+        if record.fingerprint in wanted:
+            yield record
+
+
+def _by_id_search(client: Any, experiment_id: str, run_ids: list[str]) -> Iterator[RunRecord]:
+    for start in range(0, len(run_ids), _ID_CHUNK):
+        quoted = ", ".join(f"'{run_id}'" for run_id in run_ids[start : start + _ID_CHUNK])
+        yield from _search(client, experiment_id, f"attributes.run_id IN ({quoted})")
+
+
+def _search(client: Any, experiment_id: str, condition: str) -> Iterator[RunRecord]:
+    """Every active fingerprinted run ``search_runs`` finds, page by page."""
     token = None
     while True:
         page = client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.`{Tags.FINGERPRINT}` LIKE '%'",
-            max_results=10000,
-            page_token=token,
+            [experiment_id], filter_string=condition, max_results=10000, page_token=token
         )
         for run in page:
             fp = run.data.tags.get(Tags.FINGERPRINT)
-            if fp in wanted:
+            if fp is not None:
                 tags = {
                     k: v
                     for k, v in run.data.tags.items()

@@ -62,6 +62,7 @@ class Tags:
     CODE_VERSION = "furcate.code_version"  # see store/code_version.py
     # written by the Optuna sweeper on a trial's run (its TrialTags): the trial's final state
     OPTUNA_STATE = "optuna.state"
+    CLAIM = "furcate.claim"  # "won" once the run's launcher holds its config (store/claims.py)
     PARENT_RUN = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 

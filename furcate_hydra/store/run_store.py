@@ -1,10 +1,13 @@
 """MLflow as furcate's memory: one run per job under one parent run per sweep invocation.
 
-    RunStore.open(uri) ──► check the store answers (a sqlite file: is sound), get/create the
-                           experiment (model training)
-    start_sweep()      ──► parent run (RUNNING) + heartbeat thread
-    decide(fps)        ──► one lookup for a batch ──► skip / resume / run per fingerprint
-    create_job_run()   ──► child run (RUNNING): tags, params      ──► the job logs into it
+    RunStore.open(uri) ──► check the store answers (a sqlite file: is sound), create it (one
+                           process at a time), get/create the experiment (model training)
+    start_sweep()      ──► sweeps whose launcher is gone: KILLED; parent run (RUNNING) + heartbeat
+    decide(fps)        ──► one lookup for a batch ──► skip / resume / run / elsewhere per config
+    claim(requests)    ──► a RUNNING run per config to run, one lookup of rivals (claims.py)
+    confirm(claim)     ──► params + "won": the job's run (new, or the resumed one) ──► the job
+                           logs into it; a lost claim's run is deleted, the config waited for
+    follow(runs)       ──► one lookup: what became of configs other launchers hold
     finish_job_run()   ──► FINISHED / FAILED / KILLED + return value + artifacts
     finish_sweep()     ──► parent run's final status
 
@@ -19,14 +22,15 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
-from furcate_hydra.store.decisions import CodeCheck, Decision, Rerun, decide
+from furcate_hydra.store.claims import WON, Claim, ClaimRequest, Verdict, judge
+from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
-from furcate_hydra.store.lookup import find_runs
+from furcate_hydra.store.lookup import find_runs, runs_by_id
 from furcate_hydra.store.records import (
     RETURN_VALUE_ARTIFACT,
     RunRecord,
@@ -35,7 +39,7 @@ from furcate_hydra.store.records import (
     decode_return_value,
     encode_return_value,
 )
-from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri
+from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, creating_store
 
 __all__ = ["EXPERIMENT_KIND", "MODEL_TRAINING", "RunStore"]
 
@@ -47,6 +51,12 @@ log = logging.getLogger(__name__)
 # logs sets (see experiment_link).
 EXPERIMENT_KIND = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
+# A claim waits this long between looks for the rivals it saw to withdraw (they do at once).
+CLAIM_LOOK_S = 0.05
+# ... and at most this long in all; then it withdraws itself (always safe; see claims.py).
+CLAIM_PATIENCE_S = 30.0
+
+Gone = Callable[[RunRecord], "str | None"]
 
 
 class RunStore:
@@ -68,7 +78,8 @@ class RunStore:
         ignore_mlflow_sqlalchemy_deprecation()
         check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
-        self.client = MlflowClient(tracking.uri)
+        with creating_store(tracking):
+            self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
         self.experiment_id = self._experiment(experiment_name)
         if sqlite_wal and tracking.uri.startswith("sqlite:///"):
             _use_wal(tracking.uri[len("sqlite:///") :])
@@ -84,6 +95,9 @@ class RunStore:
     # -- the sweep ----------------------------------------------------------------------
 
     def start_sweep(self, run_name: str, tags: Mapping[str, str]) -> str:
+        """The sweep's parent run, RUNNING, with a heartbeat; sweeps left RUNNING by launchers
+        that are gone are ended KILLED first."""
+        self.end_orphaned_sweeps()
         run = self.client.create_run(
             self.experiment_id,
             run_name=run_name,
@@ -95,6 +109,36 @@ class RunStore:
         )
         self._heartbeat.start()
         return self.sweep_run_id
+
+    def end_orphaned_sweeps(self) -> list[str]:
+        """Sweep runs still RUNNING whose launcher is gone (killed, its machine restarted):
+        ended KILLED, at their last heartbeat, with why. Returns their run ids."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=(
+                f"tags.`{Tags.ROLE}` = 'sweep' and attributes.status = '{RunStatus.RUNNING.value}'"
+            ),
+            max_results=1000,
+        )
+        now, ended = time.time(), []
+        for run in runs:
+            tags = dict(run.data.tags)
+            record = RunRecord(run.info.run_id, "", RunStatus.RUNNING, run.info.start_time, tags)
+            beat = float(tags[Tags.HEARTBEAT]) if Tags.HEARTBEAT in tags else None
+            why = launcher_gone(record, self.identity, beat, now, self.stale_after_s)
+            if why is None:
+                continue
+            self.client.set_tag(run.info.run_id, Tags.ERROR, f"left RUNNING: {why}")
+            end_ms = int((beat or now) * 1000)
+            self.client.set_terminated(run.info.run_id, RunStatus.KILLED.value, end_time=end_ms)
+            ended.append(run.info.run_id)
+            log.warning(
+                "furcate: sweep run %s (%s) is RUNNING but %s: marked KILLED",
+                run.info.run_id,
+                run.info.run_name,
+                why,
+            )
+        return ended
 
     def finish_sweep(self, status: RunStatus, artifacts: Iterable[Path] = ()) -> None:
         self._stop_heartbeat.set()
@@ -116,19 +160,41 @@ class RunStore:
     ) -> dict[str, Decision]:
         """One lookup for the whole batch, then a decision per fingerprint."""
         found = find_runs(self.client, self.experiment_id, fingerprints)
-        heartbeats = self._heartbeats(
-            r.parent_run_id
-            for runs in found.values()
-            for r in runs
-            if r.status is RunStatus.RUNNING and r.parent_run_id
-        )
-        now = time.time()
-
-        def gone(record: RunRecord) -> str | None:
-            beat = heartbeats.get(record.parent_run_id or "")
-            return launcher_gone(record, self.identity, beat, now, self.stale_after_s)
-
+        gone = self._liveness(r for runs in found.values() for r in runs)
         return {fp: decide(found.get(fp, []), rerun, gone, code) for fp in fingerprints}
+
+    def follow(
+        self, awaited: Sequence[RunRecord], rerun: Rerun, code: CodeCheck | None = None
+    ) -> list[Decision | None]:
+        """What became of runs other launchers held (one lookup by run id): None while one still
+        runs under a live launcher; SKIP or REPORT_FAILURE (``ran_elsewhere``) once it ended
+        FINISHED or FAILED; otherwise (stopped, its launcher gone, a lost claim deleted) the
+        config is decided again, from all its runs."""
+        current = runs_by_id(self.client, self.experiment_id, [r.run_id for r in awaited])
+        gone = self._liveness(current.values())
+        followed: list[Decision | None] = []
+        again: set[str] = set()
+        for record in awaited:
+            now = current.get(record.run_id)
+            if now is not None and now.status is RunStatus.FINISHED:
+                followed.append(Decision(Action.SKIP, now, "ran elsewhere", ran_elsewhere=True))
+            elif now is not None and now.status is RunStatus.FAILED:
+                failed = Decision(
+                    Action.REPORT_FAILURE, now, "failed elsewhere", ran_elsewhere=True
+                )
+                followed.append(failed)
+            elif now is not None and now.status is RunStatus.RUNNING and gone(now) is None:
+                followed.append(None)
+            else:
+                followed.append(None)
+                again.add(record.fingerprint)
+        if again:
+            decided = self.decide(again, rerun, code)
+            followed = [
+                decided[r.fingerprint] if r.fingerprint in again else d
+                for r, d in zip(awaited, followed, strict=True)
+            ]
+        return followed
 
     def recorded_return_value(self, record: RunRecord) -> Any:
         text = record.tags.get(Tags.RETURN_VALUE)
@@ -142,27 +208,54 @@ class RunStore:
 
     # -- job runs -----------------------------------------------------------------------
 
-    def create_job_run(
-        self, run_name: str, tags: Mapping[str, str], params: Mapping[str, str]
-    ) -> str:
-        """A RUNNING child run of the sweep, with the job's tags and its config as params."""
-        from mlflow.entities import Param
+    def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        """Claim each config before its job starts (see claims.py): a RUNNING run each, then
+        one lookup of the rivals for all of them. Lost claims are withdrawn, each naming the
+        run that holds its config; won ones are to be ``confirm``-ed (here already, when other
+        claims had to wait: a winner marked late would keep other launchers waiting)."""
+        claims: list[Claim] = []
+        try:
+            for request in requests:
+                claims.append(self._write_claim(request))
+            self._settle(claims)
+        except BaseException:
+            for claim in claims:
+                if claim.opened is None:
+                    self._withdraw_quietly(claim)
+            raise
+        return claims
 
-        run = self.client.create_run(
-            self.experiment_id, run_name=run_name, tags=self._job_tags(tags)
-        )
-        run_id: str = run.info.run_id
-        self._artifact_uris[run_id] = run.info.artifact_uri
-        # log_batch splits into MLflow's per-request limits itself.
-        self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
-        return run_id
+    def confirm(self, claim: Claim) -> str:
+        """The job's run of a won claim, marked won: the new run with its params, or the
+        interrupted run RUNNING again under this launcher (its stand-in deleted)."""
+        from mlflow.entities import Param, RunTag
 
-    def reopen_job_run(self, record: RunRecord, tags: Mapping[str, str]) -> str:
-        """Mark an interrupted or stopped run RUNNING again, now owned by this launcher."""
-        self.client.update_run(record.run_id, status=RunStatus.RUNNING.value)
-        resumed = int(record.tags.get(Tags.RESUMED, "0") or 0) + 1
-        self._set_tags(record.run_id, {**self._job_tags(tags), Tags.RESUMED: str(resumed)})
-        return record.run_id
+        assert claim.won, "only a won claim opens a run"
+        if claim.opened is not None:
+            return claim.opened
+        request, run_id = claim.request, claim.run.run_id
+        resumed = request.resumes
+        if resumed is None:
+            # log_batch splits into MLflow's per-request limits itself.
+            params = [Param(k, v) for k, v in request.params.items()]
+            self.client.log_batch(run_id, params=params, tags=[RunTag(Tags.CLAIM, WON)])
+            claim.opened = run_id
+            return run_id
+        # RUNNING, then the tags that name this launcher: the other way round, a lookup in
+        # between would take it for the stopped run's
+        self.client.update_run(resumed.run_id, status=RunStatus.RUNNING.value)
+        count = int(resumed.tags.get(Tags.RESUMED, "0") or 0) + 1
+        tags = {**self._job_tags(request.tags), Tags.RESUMED: str(count), Tags.CLAIM: WON}
+        self._set_tags(resumed.run_id, tags)
+        self.client.delete_run(run_id)  # the stand-in, after: a claim is visible throughout
+        self._artifact_uris.pop(run_id, None)
+        claim.opened = resumed.run_id
+        return resumed.run_id
+
+    def withdraw(self, claim: Claim) -> None:
+        """Give up a claim not confirmed (the launcher stops before its job started)."""
+        if claim.opened is None:
+            self._withdraw_quietly(claim)
 
     def finish_job_run(
         self,
@@ -271,16 +364,97 @@ class RunStore:
             return None
         return str(Path(self.tracking_uri[len("sqlite:///") :]).parent / "mlruns")
 
-    def _heartbeats(self, parent_ids: Iterable[str]) -> dict[str, float]:
+    def _liveness(self, records: Iterable[RunRecord]) -> Gone:
+        """``launcher_gone`` for these records' RUNNING runs, with the heartbeats it needs
+        (those of sweeps on other machines: here a pid tells) read once."""
+        remote = {
+            r.parent_run_id
+            for r in records
+            if r.status is RunStatus.RUNNING and r.parent_run_id and not self._local(r)
+        }
         beats: dict[str, float] = {}
-        for parent_id in set(parent_ids):
+        for parent_id in remote:
             try:
                 tags = self.client.get_run(parent_id).data.tags
             except Exception:  # a deleted parent: no heartbeat, the child counts as orphaned
                 continue
             if Tags.HEARTBEAT in tags:
                 beats[parent_id] = float(tags[Tags.HEARTBEAT])
-        return beats
+        now = time.time()
+
+        def gone(record: RunRecord) -> str | None:
+            beat = beats.get(record.parent_run_id or "")
+            return launcher_gone(record, self.identity, beat, now, self.stale_after_s)
+
+        return gone
+
+    def _local(self, record: RunRecord) -> bool:
+        return bool(self.identity.boot_id) and record.tags.get(Tags.HOST) == self.identity.host
+
+    def _write_claim(self, request: ClaimRequest) -> Claim:
+        if request.resumes is None:
+            name, tags = request.run_name, self._job_tags(request.tags)
+        else:  # a stand-in: the resumed run itself is one row, which claims cannot share
+            name = f"claim: {request.run_name}"
+            own = {Tags.FINGERPRINT: request.fingerprint, Tags.ROLE: "claim"}
+            tags = self._job_tags(own)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        self._artifact_uris[run.info.run_id] = run.info.artifact_uri
+        record = RunRecord(
+            run.info.run_id, request.fingerprint, RunStatus.RUNNING, run.info.start_time, tags
+        )
+        return Claim(request, record)
+
+    def _settle(self, claims: list[Claim]) -> None:
+        """Look at the rivals of every claim (one lookup) until each has won or lost."""
+        waiting: dict[str, frozenset[str] | None] = {c.run.run_id: None for c in claims}
+        undecided = list(claims)
+        deadline = time.monotonic() + CLAIM_PATIENCE_S
+        while undecided:
+            fingerprints = {c.request.fingerprint for c in undecided}
+            found = find_runs(self.client, self.experiment_id, fingerprints, running_only=True)
+            gone = self._liveness(r for runs in found.values() for r in runs)
+            still: list[Claim] = []
+            for claim in undecided:
+                rivals = [
+                    r
+                    for r in found.get(claim.request.fingerprint, [])
+                    if r.run_id != claim.run.run_id and gone(r) is None
+                ]
+                verdict = judge(claim.run, rivals, waiting[claim.run.run_id])
+                if verdict.holder is not None:
+                    self._lose(claim, verdict.holder)
+                elif verdict.waiting_for:
+                    if time.monotonic() > deadline:
+                        self._lose(claim, _earliest(rivals, verdict))
+                        continue
+                    waiting[claim.run.run_id] = verdict.waiting_for
+                    still.append(claim)
+            if still:
+                # winners first: a rival of theirs may be waiting for the mark
+                waits = {id(c) for c in still}
+                for claim in claims:
+                    if claim.won and id(claim) not in waits and claim.opened is None:
+                        self.confirm(claim)
+                time.sleep(CLAIM_LOOK_S)
+            undecided = still
+
+    def _lose(self, claim: Claim, holder: RunRecord) -> None:
+        claim.holder = holder
+        self._withdraw_quietly(claim)
+
+    def _withdraw_quietly(self, claim: Claim) -> None:
+        """End the claim's run KILLED, say why, delete it: out of the UI and of every lookup.
+        A failure here is logged: a run left RUNNING by a launcher counts as its (gone) claim."""
+        run_id = claim.run.run_id
+        why = f"lost to {claim.holder.run_id}" if claim.holder is not None else "withdrawn"
+        try:
+            self.client.set_tag(run_id, Tags.CLAIM, why)
+            self.client.set_terminated(run_id, RunStatus.KILLED.value)
+            self.client.delete_run(run_id)
+        except Exception as exc:
+            log.warning("furcate: could not withdraw the claim of run %s: %s", run_id, exc)
+        self._artifact_uris.pop(run_id, None)
 
     def _beat(self, run_id: str) -> None:
         from mlflow.tracking import MlflowClient
@@ -291,6 +465,11 @@ class RunStore:
                 client.set_tag(run_id, Tags.HEARTBEAT, _now())
             except Exception as exc:  # a busy store must not stop the sweep
                 log.debug("heartbeat not recorded: %s", exc)
+
+
+def _earliest(rivals: Sequence[RunRecord], verdict: Verdict) -> RunRecord:
+    waited = [r for r in rivals if r.run_id in verdict.waiting_for]
+    return min(waited, key=lambda r: (r.start_time_ms, r.run_id))
 
 
 def _use_wal(path: str) -> None:

@@ -1,12 +1,14 @@
-"""Which MLflow store jobs record into, and a check that it answers (a sqlite file: that it is
-sound) before anything runs."""
+"""Which MLflow store jobs record into, a check that it answers (a sqlite file: that it is
+sound) before anything runs, and its creation by one process at a time."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -14,7 +16,13 @@ from urllib.parse import urlparse
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.sqlite_health import sqlite_damage
 
-__all__ = ["DEFAULT_TRACKING_URI", "TrackingUri", "check_tracking_uri", "resolve_tracking_uri"]
+__all__ = [
+    "DEFAULT_TRACKING_URI",
+    "TrackingUri",
+    "check_tracking_uri",
+    "creating_store",
+    "resolve_tracking_uri",
+]
 
 # MLflow 3's own default: a sqlite file in the working directory, which `mlflow ui` opens.
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -78,6 +86,26 @@ def check_tracking_uri(tracking: TrackingUri, timeout_s: float = 5.0) -> None:
             f"unset it to use {DEFAULT_TRACKING_URI} in the working directory, or give "
             "http://HOST:PORT of an `mlflow server`",
         )
+
+
+@contextmanager
+def creating_store(tracking: TrackingUri) -> Iterator[None]:
+    """Hold while opening the first MLflow client on the store: a sqlite file's schema is
+    created (and migrated) by one process at a time.
+
+    MLflow creates the schema of a new sqlite file as its first client opens it, with no lock:
+    two launchers starting on a fresh store at once both create it, and one fails in alembic
+    ("Online migration expected to match one row"). An exclusive ``flock`` on ``<db>.lock``,
+    next to the database, makes the second wait and then find the schema made. A server
+    creates its own schema; other databases are left to their administrators.
+    """
+    if not tracking.uri.startswith("sqlite:///"):
+        yield
+        return
+    lock = Path(tracking.uri[len("sqlite:///") :] + ".lock")
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+        yield
 
 
 def _check_sqlite(uri: str, key: str) -> None:

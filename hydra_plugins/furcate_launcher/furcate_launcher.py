@@ -95,7 +95,7 @@ class FurcateLauncher(Launcher):
         return self.session().wait_any(timeout)
 
     def job_run(self, key: str) -> JobRun:
-        return self.session().recorder.job_run(key)
+        return self.session().job_run(key)
 
     def sweep_status(
         self, to_come: int | None = None, best: str | None = None, pruned: int | None = None
