@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -249,7 +250,8 @@ def test_one_decide_call_sorts_a_mixed_batch(store: RunStore) -> None:
     got = {fp: (d.action, d.record.run_id if d.record else None) for fp, d in decisions.items()}
     assert got == expected
     assert decisions["interrupted"].reason.startswith("interrupted: its launcher (pid ")
-    assert "heartbeat 60 s ago" in decisions["remote-stale"].reason
+    # 60 s old when written; a second or two more by the time a loaded machine decides
+    assert re.search(r"heartbeat 6\d s ago", decisions["remote-stale"].reason)
     assert "never sent a heartbeat" in decisions["remote-orphan"].reason
 
     none = store.decide(expected, Rerun.NONE)

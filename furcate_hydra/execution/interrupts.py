@@ -24,9 +24,11 @@ _previous: dict[int, Any] = {}
 def install() -> None:
     """Handle SIGINT and SIGTERM here until ``restore``; from the main thread only (elsewhere
     Python delivers no signal, and the caller's handlers stay)."""
+    # A new session never inherits a signal from before it: one received under an earlier
+    # install (in a process that runs several sessions) is forgotten, handled or not.
+    _received.clear()
     if threading.current_thread() is not threading.main_thread() or _previous:
         return
-    _received.clear()
     for signum in _SIGNALS:
         _previous[signum] = signal.signal(signum, _handle)
 

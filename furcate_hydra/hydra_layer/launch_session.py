@@ -415,8 +415,10 @@ def check_batch_paths(
     any of it runs (Hydra's basic sweeper hands over the whole sweep at once). Each config is
     composed here and again when its chunk is submitted, so that no more than a chunk of
     configs is held at a time."""
+    # No interrupts.check() here: the session's handlers are not installed yet, so a Ctrl-C is
+    # Python's own KeyboardInterrupt, and a signal remembered by an earlier session in this
+    # process is not this launch's.
     for i, overrides in enumerate(job_overrides):
-        interrupts.check()
         request = JobRequest(overrides, initial_job_idx + i)
         sweep_config = _job_config(composer, request)
         with as_job(sweep_config):
