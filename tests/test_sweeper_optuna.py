@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra.store import RunStatus
+from furcate_hydra.tuning.storage import rdb_storage
 from tests.conftest import RunStudy
 from tests.conftest import run_optuna_study as run_study
 from tests.process_helpers import start_sweep
@@ -32,7 +33,9 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def load_study(tmp_path: Path) -> optuna.Study:
-    return optuna.load_study(study_name="optuna_app", storage=f"sqlite:///{tmp_path}/optuna.db")
+    # through the sweeper's storage: it waits while a running sweep creates the schema
+    storage = rdb_storage(f"sqlite:///{tmp_path}/optuna.db")
+    return optuna.load_study(study_name="optuna_app", storage=storage)
 
 
 def states(study: optuna.Study) -> dict[str, int]:

@@ -3,7 +3,6 @@ sound) before anything runs, and its creation by one process at a time."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import urllib.error
 import urllib.request
@@ -15,6 +14,7 @@ from urllib.parse import urlparse
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.sqlite_health import sqlite_damage
+from furcate_hydra.sqlite_lock import creating_sqlite_schema
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -91,20 +91,12 @@ def check_tracking_uri(tracking: TrackingUri, timeout_s: float = 5.0) -> None:
 @contextmanager
 def creating_store(tracking: TrackingUri) -> Iterator[None]:
     """Hold while opening the first MLflow client on the store: a sqlite file's schema is
-    created (and migrated) by one process at a time.
-
-    MLflow creates the schema of a new sqlite file as its first client opens it, with no lock:
-    two launchers starting on a fresh store at once both create it, and one fails in alembic
-    ("Online migration expected to match one row"). An exclusive ``flock`` on ``<db>.lock``,
-    next to the database, makes the second wait and then find the schema made. A server
-    creates its own schema; other databases are left to their administrators.
-    """
+    created (and migrated) by one process at a time. A server creates its own schema; other
+    databases are left to their administrators."""
     if not tracking.uri.startswith("sqlite:///"):
         yield
         return
-    lock = Path(tracking.uri[len("sqlite:///") :] + ".lock")
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
+    with creating_sqlite_schema(Path(tracking.uri[len("sqlite:///") :])):
         yield
 
 

@@ -12,6 +12,7 @@ from optuna.storages import RDBStorage
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.sqlite_health import sqlite_damage
+from furcate_hydra.sqlite_lock import creating_sqlite_schema
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_S", "check_sqlite_storage", "rdb_storage"]
 
@@ -25,7 +26,28 @@ def rdb_storage(url: str, *, create_tables: bool = True) -> RDBStorage:
     engine_kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-    return RDBStorage(url, engine_kwargs=engine_kwargs, skip_table_creation=not create_tables)
+    database = _sqlite_file(url)
+    if not create_tables or database is None:
+        return RDBStorage(url, engine_kwargs=engine_kwargs, skip_table_creation=not create_tables)
+    # Optuna creates its tables with no lock: two processes opening a new file at once both
+    # create them and one fails ("table studies already exists")
+    with creating_sqlite_schema(database):
+        return RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a sqlite URL, or None for other databases and in-memory sqlite."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    return Path(database)
 
 
 def check_sqlite_storage(url: str, key: str) -> None:
@@ -34,18 +56,11 @@ def check_sqlite_storage(url: str, key: str) -> None:
     Raises:
         FurcateConfigError: naming ``key``, the URL, what is wrong with the file and the fix.
     """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return  # not a URL: Optuna says so
-    database = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+    database = _sqlite_file(url)  # not a URL at all: Optuna says so
+    if database is None:
         return
-    damage = sqlite_damage(Path(database))
+    damage = sqlite_damage(database)
     if damage is not None:
         raise FurcateConfigError(
-            key, url, f"{damage.problem}; nothing was written to it", damage.fix(Path(database))
+            key, url, f"{damage.problem}; nothing was written to it", damage.fix(database)
         )
