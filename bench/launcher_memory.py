@@ -11,22 +11,27 @@ return value is still held. Variants:
   basic    Hydra's BasicSweeper, one ``launch`` of every job (the anchor: Hydra keeps every
            job's JobReturn, with its config, by design).
 
-Figures: RSS at the start of the sweep, at its end, its peak; the end-RSS ratio between the
-largest and the smallest N (goal for the furcate sweeper ≤ 1.1), the growth per job between
-them, and jobs/s over the whole sweep (first sweeper call to its return).
+Figures: RSS when the multirun starts (before the sweeper and the launcher load, ~31 MB), at
+its end and its peak; the end-RSS ratio between the largest and the smallest N (goal for the
+furcate sweeper: ≤ 1.1) and the growth per job between them; jobs/s over the whole sweep
+(first sweeper call to its return) and over the first and the last tenth of the jobs; the
+share of the machine's CPU that other work used meanwhile (it moves jobs/s, not memory).
 
 ``--trace`` runs each variant once more at the smallest N with tracemalloc and gc counts, and
 prints what is left allocated at the end, by line and by type (slow: to find, not to time).
 
-Run: ``python bench/launcher_memory.py`` (1,000 and 10,000 jobs; ~25 min on 2 cores),
-``--jobs 300 --trace`` while looking for what holds memory.
+Run: ``python bench/launcher_memory.py`` (1,000 and 4,000 jobs, each variant: ~40 min on
+2 cores), ``--jobs 1000 10000 --variants furcate`` for the issue's sizes, ``--jobs 300 --trace``
+while looking for what holds memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -36,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import machine, publish
+from bench.harness import OthersCpu, machine, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "bench" / "apps" / "trivial_app.py"
@@ -83,15 +88,38 @@ def run_sweep(variant: str, jobs: int, template: Path, trace: bool) -> dict[str,
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
         }
-        began = time.perf_counter()
+        began, others = time.perf_counter(), OthersCpu()
+        own_before = _children_cpu_s()
         done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - began
+        others_share = others.share(_children_cpu_s() - own_before)
         if done.returncode != 0 or not report.exists():
             raise RuntimeError(f"{variant} N={jobs} failed ({done.returncode}):\n{done.stderr}")
         figures: dict[str, Any] = json.loads(report.read_text())
+        figures["pace"] = pace(work / "sweep" / "run_data.csv")
     figures["command_wall_s"] = round(wall, 2)
+    # the machine's CPU that other people's work used meanwhile: it slows jobs/s, not memory
+    figures["others_cpu_share"] = others_share
     figures["jobs_per_s"] = round(jobs / figures["sweep_s"], 2)
     return figures
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pace(run_data_csv: Path) -> dict[str, float]:
+    """Jobs/s over the first and the last tenth of the jobs (by end time): whether the
+    launcher slows down as the sweep and its store grow."""
+    with run_data_csv.open(newline="") as handle:
+        ends = sorted(float(row["end"]) for row in csv.DictReader(handle))
+    tenth = max(len(ends) // 10, 2)
+    first, last = ends[:tenth], ends[-tenth:]
+    return {
+        "first_tenth_jobs_per_s": round((tenth - 1) / (first[-1] - first[0]), 2),
+        "last_tenth_jobs_per_s": round((tenth - 1) / (last[-1] - last[0]), 2),
+    }
 
 
 def compare(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -106,13 +134,17 @@ def compare(runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def show(figures: dict[str, Any]) -> None:
-    print(f"{'variant':8} {'N':>6} {'start MB':>9} {'end MB':>8} {'peak MB':>8} {'jobs/s':>7}")
+    print(
+        f"{'variant':8} {'N':>6} {'start MB':>9} {'end MB':>8} {'peak MB':>8} {'jobs/s':>7} "
+        f"{'first/last tenth jobs/s':>24} {'others CPU':>10}"
+    )
     for variant, runs in figures["runs"].items():
         for jobs, run in sorted(runs.items(), key=lambda item: int(item[0])):
             print(
                 f"{variant:8} {jobs:>6} {run['rss_start_kib'] / 1024:9.1f} "
                 f"{run['rss_end_kib'] / 1024:8.1f} {run['rss_peak_kib'] / 1024:8.1f} "
-                f"{run['jobs_per_s']:7.2f}"
+                f"{run['jobs_per_s']:7.2f} {run['pace']['first_tenth_jobs_per_s']:>12} "
+                f"{run['pace']['last_tenth_jobs_per_s']:>11} {run['others_cpu_share']:>10}"
             )
     for variant, ratio in figures["ratios"].items():
         print(f"{variant}: {ratio}")
@@ -127,7 +159,7 @@ def show(figures: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 4000])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--trace", action="store_true", help="also find what holds memory")
     args = parser.parse_args(argv)
