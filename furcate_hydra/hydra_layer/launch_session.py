@@ -45,7 +45,7 @@ from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
 from furcate_hydra.hydra_layer.recording import JobRecorder
-from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest
+from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest, JobRun
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Action, Decision, RunRecord, code_version
@@ -221,6 +221,13 @@ class LaunchSession:
         if again:
             self._dispatch([j for j, _ in again], [d for _, d in again])
         self._next_follow = time.monotonic() + ELSEWHERE_POLL_S
+
+    def job_run(self, key: str) -> JobRun:
+        """A submitted job's MLflow run: its own, or the one it waits for elsewhere."""
+        held = self._elsewhere.get(key)
+        if held is not None:
+            return JobRun(held[1].run_id, elsewhere=True)
+        return self.recorder.job_run(key)
 
     @property
     def idle_slots(self) -> int:

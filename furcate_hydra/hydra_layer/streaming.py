@@ -43,10 +43,12 @@ class JobRequest:
 @dataclass(frozen=True)
 class JobRun:
     """The MLflow run of a submitted job, and whether the job was skipped because that run
-    had FINISHED its config already (its return value read from the record)."""
+    had FINISHED its config already (its return value read from the record), or waits while
+    another launcher runs its config in that run (it takes no slot here)."""
 
     run_id: str | None
     skipped: bool = False
+    elsewhere: bool = False
 
 
 class StreamingLauncher(Protocol):

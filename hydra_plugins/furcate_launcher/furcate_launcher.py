@@ -90,7 +90,7 @@ class FurcateLauncher(Launcher):
         return self.session().wait_any(timeout)
 
     def job_run(self, key: str) -> JobRun:
-        return self.session().recorder.job_run(key)
+        return self.session().job_run(key)
 
     def config_files_changed(self) -> None:
         if self._session is not None:

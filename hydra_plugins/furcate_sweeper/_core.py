@@ -211,7 +211,9 @@ def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
     with launcher.streaming():
         slots = launcher.slot_count
         while len(sweep.queue) or in_flight:
-            free = slots - len(in_flight)
+            # a job whose config another launcher runs waits without a slot: launchers
+            # sweeping one grid share it instead of waiting for each other
+            free = slots - sum(1 for key in in_flight if not launcher.job_run(key).elsewhere)
             done: list[tuple[str, JobReturn]] = []
             if free > 0 and len(sweep.queue) and not sweep.on_hold:
                 jobs = sweep.numbered(sweep.queue.take(max(free, lookahead)))
