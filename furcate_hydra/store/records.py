@@ -58,7 +58,7 @@ class Tags:
     HEARTBEAT = "furcate.heartbeat"
     SWEEP_DIR = "furcate.sweep_dir"
     CODE_VERSION = "furcate.code_version"  # see store/code_version.py
-    CLAIM = "furcate.claim"  # "won" once the run's launcher holds its config (store/claims.py)
+    CLAIM = "furcate.claim"  # "won": the run's launcher holds its config (store/claims.py)
     PARENT_RUN = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 
@@ -72,6 +72,8 @@ class RunRecord:
     status: RunStatus
     start_time_ms: int
     tags: dict[str, str]
+    # whether the run's params are logged (read for RUNNING runs: a claim that logged them won)
+    params_logged: bool = False
 
     @property
     def parent_run_id(self) -> str | None:
