@@ -11,15 +11,14 @@ run). Then it reads the RUNNING runs of that fingerprint whose launchers are ali
 - otherwise the earliest claim, by (start time, run id), is the candidate: the others have
   lost; the candidate waits until the rivals it saw have withdrawn, then has won.
 
-Neither sqlite nor an MLflow server gives runs a unique constraint or an order of commits, and
-a run's start time is its launcher's clock, read before the run is written. So the earliest
-start does not win outright: a claim written late (a busy store) may carry the earliest time
-after another launcher has looked, seen no rival and won. Two claims never both win: of any
-two, the later one to look sees the other; a claim that saw no rival never withdraws, and the
-candidate waits for it until it is marked won (the winner logs its params as its job is
-opened; at once when other claims of its batch wait). A candidate
-waits only for the rivals of its first look, and every rival it waits for has a later key, so
-no two candidates wait for each other.
+Neither sqlite nor an MLflow server gives runs a unique constraint or an order of commits, and a
+run's start time is its launcher's clock, read before the run is written. So the earliest start
+does not win outright: a claim written late (a busy store) may carry the earliest time after
+another launcher has looked, seen no rival and won. Two claims never both win: of any two, the
+later one to look sees the other; a claim that saw no rival never withdraws, and the candidate
+waits for it until it is marked won (the winner logs its params as its job is opened; at once
+when other claims of its batch wait). A candidate waits only for the rivals of its first look,
+and every rival it waits for has a later key, so no two candidates wait for each other.
 
 A lost claim's run is ended KILLED, tagged ``furcate.claim=lost to <run>`` and deleted: MLflow's
 UI hides it, and no later skip or resume decision counts it, since lookups read active runs only.
