@@ -52,7 +52,7 @@ def ran_here(sweep: Path) -> int:
     [
         ("sqlite", "basic"),
         pytest.param("server", "basic", marks=pytest.mark.slow),  # + an mlflow server
-        pytest.param("sqlite", "furcate", marks=pytest.mark.slow),
+        ("sqlite", "furcate"),
     ],
 )
 def test_the_same_sweep_started_twice_runs_each_config_once(
