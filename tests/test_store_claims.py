@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -43,6 +44,9 @@ def test_a_claim_with_no_rival_wins() -> None:
 def test_a_won_rival_holds_the_config_even_if_it_started_later() -> None:
     verdict = judge(record("mine", 100), [record("late", 200, won=True)], None)
     assert verdict.holder is not None and verdict.holder.run_id == "late"
+    # a winner's logged params say the same as the tag
+    logged = replace(record("late", 200), params_logged=True)
+    assert judge(record("mine", 100), [logged], None).holder == logged
     # ... also while waiting for other rivals to withdraw
     again = judge(record("mine", 100), [record("late", 200, won=True)], frozenset({"x"}))
     assert again.holder is not None and again.holder.run_id == "late"
@@ -113,8 +117,7 @@ def test_a_second_claim_loses_to_a_won_one_and_leaves_no_trace(
     decision = second.decide(["fp"], Rerun.ALL)["fp"]
     assert decision.action is Action.ELSEWHERE and decision.record is not None
     assert decision.record.run_id == run_id
-    kept = first.client.get_run(run_id)
-    assert kept.data.params == {"lr": "0.1"} and kept.data.tags[Tags.CLAIM] == WON
+    assert first.client.get_run(run_id).data.params == {"lr": "0.1"}
 
 
 def test_claims_looking_at_the_same_time_leave_one_winner(
@@ -160,6 +163,18 @@ def test_a_late_claim_with_an_earlier_clock_cannot_win_too(
     settle.join(timeout=10)
     assert late.holder is not None and late.holder.run_id == won.run.run_id
     assert [r.run_id for r in active_runs(first)] == [won.run.run_id]
+
+
+def test_a_config_without_params_is_marked_won_by_a_tag(
+    stores: tuple[RunStore, RunStore],
+) -> None:
+    first, second = stores
+    empty = ClaimRequest("fp", "job", {Tags.FINGERPRINT: "fp"}, {})
+    (won,) = first.claim([empty])
+    run_id = first.confirm(won)
+    assert first.client.get_run(run_id).data.tags[Tags.CLAIM] == WON
+    (lost,) = second.claim([empty])
+    assert lost.holder is not None and lost.holder.run_id == run_id
 
 
 def test_a_claim_of_a_gone_launcher_is_no_rival(stores: tuple[RunStore, RunStore]) -> None:

@@ -52,7 +52,7 @@ def ran_here(sweep: Path) -> int:
     [
         ("sqlite", "basic"),
         pytest.param("server", "basic", marks=pytest.mark.slow),  # + an mlflow server
-        pytest.param("sqlite", "furcate", marks=pytest.mark.slow),
+        ("sqlite", "furcate"),
     ],
 )
 def test_the_same_sweep_started_twice_runs_each_config_once(
@@ -65,7 +65,7 @@ def test_the_same_sweep_started_twice_runs_each_config_once(
 ) -> None:
     """Hydra's basic sweeper launches the whole grid at once: the launcher first to look claims
     what is not finished yet, the other waits for those configs. furcate's grid sweeper takes a
-    config per free slot and gives none to a config held elsewhere: the two launchers share the
+    config per free slot and gives none to a config held elsewhere: the launchers share the
     grid."""
     grid = [*GRID, *(["hydra/sweeper=furcate"] if sweeper == "furcate" else [])]
     with store_uri(kind, tmp_path, mlflow_store, empty_mlflow_db) as uri:

@@ -162,6 +162,8 @@ def test_claims_and_followed_runs_are_read_alike_on_both_paths(runs: Runs) -> No
     # A check of claims reads RUNNING runs only; a followed run is read by its id. Both paths
     # (SQL here, search_runs on a server) must agree.
     running = runs.add("fp", 1000, tags={Tags.CLAIM: "won"})
+    confirmed = runs.add("fp", 1500)
+    runs.client.log_param(confirmed, "lr", "0.1")  # a won claim's params
     finished = runs.add("fp", 2000, RunStatus.FINISHED)
     deleted = runs.add("fp", 3000, deleted=True)
     other = runs.add("fp-other", 4000)
@@ -171,17 +173,20 @@ def test_claims_and_followed_runs_are_read_alike_on_both_paths(runs: Runs) -> No
     def ids(found: Any) -> list[str]:
         return sorted(r.run_id for r in found)
 
-    assert [
-        r.run_id for r in find_runs(runs.client, runs.here, ["fp"], running_only=True)["fp"]
-    ] == [running]
-    assert ids(_from_search(runs.client, runs.here, {"fp"}, running_only=True)) == [running]
-    assert ids(_from_database(store, runs.here, {"fp"}, running_only=True)) == [running]
+    claims = find_runs(runs.client, runs.here, ["fp"], running_only=True)["fp"]
+    assert [(r.run_id, r.params_logged) for r in claims] == [(confirmed, True), (running, False)]
+    searched = list(_from_search(runs.client, runs.here, {"fp"}, running_only=True))
+    assert sorted(searched, key=lambda r: r.run_id) == sorted(claims, key=lambda r: r.run_id)
+    assert ids(_from_database(store, runs.here, {"fp"}, running_only=True)) == sorted(
+        [running, confirmed]
+    )
 
-    wanted = {running, finished, deleted, other, "no-such-run"}
+    wanted = {running, confirmed, finished, deleted, other, "no-such-run"}
     by_id = runs_by_id(runs.client, runs.here, wanted)
-    assert sorted(by_id) == sorted([running, finished, other])  # deleted: let go
+    assert sorted(by_id) == sorted([running, confirmed, finished, other])  # deleted: let go
     assert by_id[finished].status is RunStatus.FINISHED and by_id[other].fingerprint == "fp-other"
     assert by_id[running].tags[Tags.CLAIM] == "won"
-    searched = {r.run_id: r for r in _by_id_search(runs.client, runs.here, sorted(wanted))}
-    assert searched == by_id
+    assert by_id[confirmed].params_logged and not by_id[running].params_logged
+    by_search = {r.run_id: r for r in _by_id_search(runs.client, runs.here, sorted(wanted))}
+    assert by_search == by_id
     assert runs_by_id(runs.client, runs.here, []) == {}

@@ -68,13 +68,20 @@ def _from_database(
 ) -> Iterator[RunRecord]:
     """One SELECT per chunk of fingerprints (or run ids): status, start and furcate's tags."""
     import sqlalchemy as sa
-    from mlflow.store.tracking.dbmodels.models import SqlRun, SqlTag
+    from mlflow.store.tracking.dbmodels.models import SqlParam, SqlRun, SqlTag
 
     fp_tag = sa.orm.aliased(SqlTag)
     other = sa.orm.aliased(SqlTag)
     ordered = sorted(fingerprints if fingerprints is not None else run_ids or ())
     column: Any = fp_tag.value if fingerprints is not None else SqlRun.run_uuid
-    rows: dict[str, tuple[str, str, int, dict[str, str]]] = {}
+    # whether params are logged (a won claim), for a few runs: not for the skip check's lookup
+    # of a whole batch, which does not need it (params has an index on run_uuid)
+    params: Any = (
+        sa.exists().where(SqlParam.run_uuid == SqlRun.run_uuid)
+        if running_only or fingerprints is None
+        else sa.literal(False)
+    )
+    rows: dict[str, tuple[str, str, int, bool, dict[str, str]]] = {}
     with store.ManagedSessionMaker() as session:
         for start in range(0, len(ordered), _CHUNK):
             chunk = ordered[start : start + _CHUNK]
@@ -83,6 +90,7 @@ def _from_database(
                     SqlRun.run_uuid,
                     SqlRun.status,
                     SqlRun.start_time,
+                    params,
                     fp_tag.value,
                     other.key,
                     other.value,
@@ -100,12 +108,18 @@ def _from_database(
                 )
             )
             if running_only:
-                query = query.where(SqlRun.status == RunStatus.RUNNING.value)
-            for run_id, status, start_time, fp, key, value in session.execute(query):
-                entry = rows.setdefault(run_id, (fp, status, int(start_time or 0), {}))
-                entry[3][key] = value
-    for run_id, (fp, status, start_time, tags) in rows.items():
-        yield RunRecord(run_id, fp, RunStatus.parse(status), start_time, tags)
+                # the experiment's RUNNING runs first, then their tags by run id: sqlite would
+                # otherwise read every fingerprint tag of the store (no index on tag values)
+                running = sa.select(SqlRun.run_uuid).where(
+                    SqlRun.experiment_id == int(experiment_id),
+                    SqlRun.status == RunStatus.RUNNING.value,
+                )
+                query = query.where(SqlRun.run_uuid.in_(running))
+            for run_id, status, start, logged, fp, key, value in session.execute(query):
+                entry = rows.setdefault(run_id, (fp, status, int(start or 0), bool(logged), {}))
+                entry[4][key] = value
+    for run_id, (fp, status, start, logged, tags) in rows.items():
+        yield RunRecord(run_id, fp, RunStatus.parse(status), start, tags, logged)
 
 
 def _from_search(
@@ -146,6 +160,7 @@ def _search(client: Any, experiment_id: str, condition: str) -> Iterator[RunReco
                     RunStatus.parse(run.info.status),
                     int(run.info.start_time or 0),
                     tags,
+                    bool(run.data.params),
                 )
         token = page.token
         if not token:

@@ -62,7 +62,7 @@ class Tags:
     CODE_VERSION = "furcate.code_version"  # see store/code_version.py
     # written by the Optuna sweeper on a trial's run (its TrialTags): the trial's final state
     OPTUNA_STATE = "optuna.state"
-    CLAIM = "furcate.claim"  # "won" once the run's launcher holds its config (store/claims.py)
+    CLAIM = "furcate.claim"  # "won": the run's launcher holds its config (store/claims.py)
     PARENT_RUN = "mlflow.parentRunId"
     RUN_NAME = "mlflow.runName"
 
@@ -76,6 +76,8 @@ class RunRecord:
     status: RunStatus
     start_time_ms: int
     tags: dict[str, str]
+    # whether the run's params are logged (read for RUNNING runs: a claim that logged them won)
+    params_logged: bool = False
 
     @property
     def parent_run_id(self) -> str | None:

@@ -236,9 +236,12 @@ class RunStore:
         request, run_id = claim.request, claim.run.run_id
         resumed = request.resumes
         if resumed is None:
+            # The params mark the claim won (claims.py); a tag does where there are none (a tag
+            # in the same log_batch costs as much as the params of a small config on sqlite).
             # log_batch splits into MLflow's per-request limits itself.
             params = [Param(k, v) for k, v in request.params.items()]
-            self.client.log_batch(run_id, params=params, tags=[RunTag(Tags.CLAIM, WON)])
+            mark = [] if params else [RunTag(Tags.CLAIM, WON)]
+            self.client.log_batch(run_id, params=params, tags=mark)
             claim.opened = run_id
             return run_id
         # RUNNING, then the tags that name this launcher: the other way round, a lookup in
