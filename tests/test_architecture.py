@@ -23,6 +23,7 @@ SHARED = (
     "furcate_hydra.known_warnings",
     "furcate_hydra.reasons",
     "furcate_hydra.sqlite_health",
+    "furcate_hydra.sqlite_lock",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 
