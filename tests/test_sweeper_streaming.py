@@ -13,8 +13,9 @@ from tests.sweeper_helpers import ran_jobs
 pytestmark = pytest.mark.usefixtures("mlflow_store")
 
 # One slow job then three fast ones on two slots. Hydra's batches of two would hold jobs 2
-# and 3 back until the slow job 0 ends.
-JOBS = ["sleep=2.5,0.3,0.31,0.32", "hydra.launcher.gpus=[0,1]", "hydra.sweeper.watch=false"]
+# and 3 back until the slow job 0 ends. The slow job is long enough that a loaded machine
+# (seconds to start a job) still starts jobs 2 and 3 while it runs.
+JOBS = ["sleep=5,0.3,0.31,0.32", "hydra.launcher.gpus=[0,1]", "hydra.sweeper.watch=false"]
 
 
 def test_a_freed_slot_restarts_before_the_slowest_job_of_its_batch_ends(tmp_path: Path) -> None:
