@@ -68,6 +68,7 @@ def test_the_report_holds_the_table_the_figures_and_the_resource_peaks(
     assert all("no trace recorded" in peaks[num] for num in "1345")
 
 
+@pytest.mark.slow  # CI runs it; the quick suite leaves it out (starts Chromium)
 @pytest.mark.xdist_group("cli-report-curves")
 def test_headless_chromium_renders_the_table_and_every_figure(curves_sweep: Path) -> None:
     chromium = next(filter(None, map(shutil.which, CHROMIUM_NAMES)), None)

@@ -116,6 +116,7 @@ class TestFurcateSweeperStreaming(LauncherTestSuite):
     """The launcher suite again, with the grid sweeper streaming jobs onto the slots."""
 
 
+@mark.slow  # CI runs it; the quick suite has the launcher integration and sweeper suites
 @mark.usefixtures("mlflow_store")
 @mark.parametrize(
     "task_launcher_cfg, extra_flags",

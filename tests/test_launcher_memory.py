@@ -17,7 +17,8 @@ import pytest
 
 from tests.conftest import run_optuna_study, run_probe_sweep
 
-pytestmark = pytest.mark.usefixtures("mlflow_store")
+# slow (hundreds of jobs per test): CI runs them, the quick suite leaves them out
+pytestmark = [pytest.mark.usefixtures("mlflow_store"), pytest.mark.slow]
 
 JOBS = 100
 

@@ -50,7 +50,7 @@ def ran_here(sweep: Path) -> int:
 @pytest.mark.parametrize(
     ("kind", "sweeper"),
     [
-        ("sqlite", "basic"),
+        pytest.param("sqlite", "basic", marks=pytest.mark.slow),  # CI; the quick suite: furcate
         pytest.param("server", "basic", marks=pytest.mark.slow),  # + an mlflow server
         ("sqlite", "furcate"),
     ],

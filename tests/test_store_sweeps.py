@@ -142,6 +142,7 @@ def test_a_value_added_to_the_sweep_runs_only_the_new_configs(
     assert len(fingerprints) == len(set(fingerprints)) == 4
 
 
+@pytest.mark.slow  # CI runs it; the quick suite leaves it out (four sweeps)
 def test_fingerprint_ignore_keys_do_not_make_a_config_new(
     tmp_path: Path, launch_jobs: LaunchJobs
 ) -> None:
@@ -225,6 +226,7 @@ def test_experiment_name_and_disabled_store(tmp_path: Path, mlflow_store: str) -
     assert json.loads((tmp_path / "off" / "0" / "run_data.json").read_text())["run_id"] is None
 
 
+@pytest.mark.slow  # CI runs it; the quick suite leaves it out (two sweeps)
 def test_sqlite_store_is_switched_to_wal_unless_disabled(
     tmp_path: Path, empty_mlflow_db: Path
 ) -> None:

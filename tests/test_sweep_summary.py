@@ -40,6 +40,7 @@ def test_the_summary_names_every_failure_mode(tmp_path: Path) -> None:
     assert "| finished | 1 |" in summary and "| killed | 1 |" in summary
 
 
+@pytest.mark.slow  # CI runs it; the quick suite leaves it out (a sweep and its rerun)
 @pytest.mark.usefixtures("mlflow_store")
 def test_the_summary_gives_the_range_of_numeric_returns_and_counts_skips(
     tmp_path: Path,

@@ -82,6 +82,7 @@ def test_a_fast_trials_slot_takes_the_next_trial_while_a_slow_one_runs(
     assert sweep_run.data.tags["optuna.best_trial"] == str(study.best_trial.number)
 
 
+@pytest.mark.slow  # CI runs it; the quick suite leaves it out (the batch loop, an anchor)
 def test_the_batch_loop_waits_for_the_slowest_trial_of_each_batch(tmp_path: Path) -> None:
     # the anchor for the test above: hydra-optuna-sweeper's loop, batches of n_jobs
     result = run_study(
@@ -244,6 +245,7 @@ def test_a_grid_sampler_runs_each_config_left_by_the_exclusions_once(tmp_path: P
     assert ran == expected
 
 
+@pytest.mark.slow  # CI runs it; the quick suite leaves it out (a whole study)
 def test_several_directions_write_the_pareto_set(tmp_path: Path, mlflow_store: str) -> None:
     result = run_study(
         tmp_path,

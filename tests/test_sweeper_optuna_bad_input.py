@@ -168,12 +168,18 @@ def test_a_bad_search_space_is_named_with_its_value_and_fix(
             "returned (1.0, -1.0) (2 values), but hydra.sweeper.direction is ['minimize'] "
             "(1 value). Fix: return a number (the value to minimize)",
         ),
-        (
+        # the same check on other values: CI runs them, the quick suite one
+        pytest.param(
             ["hydra.sweeper.direction=[minimize,maximize]"],
             "returned 1.0 (1 value), but hydra.sweeper.direction is ['minimize', 'maximize'] "
             "(2 values). Fix: return a tuple of 2 numbers, one per direction",
+            marks=pytest.mark.slow,
         ),
-        (["returns=none"], "returned None, which is not a number. Fix: return a number"),
+        pytest.param(
+            ["returns=none"],
+            "returned None, which is not a number. Fix: return a number",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 @pytest.mark.usefixtures("mlflow_store")

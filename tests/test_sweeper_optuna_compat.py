@@ -56,7 +56,8 @@ def results(tmp_path: Path) -> Any:
 @pytest.mark.parametrize(
     "launcher",
     [
-        [],  # as the example is: Hydra's basic launcher, batches of n_jobs=1
+        # as the example is: Hydra's basic launcher, batches of n_jobs=1 (the anchor; CI runs it)
+        pytest.param([], marks=pytest.mark.slow),
         ["hydra/launcher=furcate", "hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]"],
     ],
     ids=["basic_launcher", "furcate_launcher"],
