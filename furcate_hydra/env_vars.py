@@ -8,6 +8,8 @@ from __future__ import annotations
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "CHECKPOINT_EVERY_N_STEPS",
+    "CHECKPOINT_EVERY_S",
     "EXPERIMENT_ID",
     "OPTUNA_MONITOR",
     "OPTUNA_PRUNER",
@@ -26,6 +28,10 @@ EXPERIMENT_ID = "MLFLOW_EXPERIMENT_ID"
 OUTPUT_DIR = "FURCATE_OUTPUT_DIR"
 # Stays the same when an interrupted run is launched again, so the job finds its checkpoints.
 CHECKPOINT_DIR = "FURCATE_CHECKPOINT_DIR"
+# hydra.launcher.checkpoint_every_n_steps / checkpoint_every_s: mid-epoch checkpoints that fit
+# takes besides the epoch ones (absent: none of that kind)
+CHECKPOINT_EVERY_N_STEPS = "FURCATE_CHECKPOINT_EVERY_N_STEPS"
+CHECKPOINT_EVERY_S = "FURCATE_CHECKPOINT_EVERY_S"
 
 # Set by the Optuna sweeper in each trial's job (all four or none): the job reports its
 # monitored metric each epoch to trial TRIAL_NUMBER of STUDY in STORAGE.

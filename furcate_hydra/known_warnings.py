@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["ignore_lightning_pytree_deprecation", "ignore_mlflow_sqlalchemy_deprecation"]
+__all__ = [
+    "ignore_lightning_mid_epoch_resume",
+    "ignore_lightning_pytree_deprecation",
+    "ignore_mlflow_sqlalchemy_deprecation",
+]
 
 
 def ignore_mlflow_sqlalchemy_deprecation() -> None:
@@ -47,4 +51,19 @@ def ignore_lightning_pytree_deprecation() -> None:
         message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
         category=FutureWarning,
         module=r"(pytorch_lightning|lightning\.pytorch)\.utilities\._pytree$",
+    )
+
+
+def ignore_lightning_mid_epoch_resume() -> None:
+    """Ignore Lightning's "resuming … before the epoch ended … not resumable" warning.
+
+    Lightning warns so when a mid-epoch checkpoint is resumed with a DataLoader that has no
+    ``state_dict``. ``fit`` replaces the training DataLoader's sampler with one whose position
+    travels in the checkpoint (``furcate_hydra.lightning._resumable_data``), so the resume is
+    exact and the warning wrong. ``fit`` calls this only once it has replaced the sampler.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"You're resuming from a checkpoint that ended before the epoch ended",
+        module=r"(pytorch_lightning|lightning\.pytorch)\.loops\.training_epoch_loop$",
     )

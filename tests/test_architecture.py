@@ -24,6 +24,7 @@ SHARED = (
     "furcate_hydra.reasons",
     "furcate_hydra.sqlite_health",
     "furcate_hydra.sqlite_lock",
+    "furcate_hydra.preemption",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 

@@ -1,8 +1,11 @@
 """``fit``: train a LightningModule as a furcate job (resume, history, plots, MLflow run).
 
-JobEnv ──► find_resume_checkpoint(checkpoint_dir) ──► Trainer.fit(ckpt_path=...)
+JobEnv ──► resume_point(checkpoint_dir) ──► Trainer.fit(ckpt_path=...)
+             the train DataLoader remade resumable (ExactResume: order, position, RNG states)
              each epoch: MetricsHistory ──► history.json, AtomicCheckpoint ──► epoch=N.ckpt,
                          ProgressFile ──► progress.json (also every few seconds mid-epoch)
+             every n steps / s seconds, or at SIGTERM/SIGUSR1: AtomicCheckpoint ──►
+                         epoch=N-step=S.ckpt (a signal: then JobPreempted, exit status 75)
 after fit: plots/*.png, final.ckpt (hard link) ──► artifacts of the job's run (if recording)
 """
 
@@ -18,22 +21,23 @@ from typing import Any
 import pytorch_lightning as pl
 from mlflow.tracking import MlflowClient
 from pytorch_lightning.loggers import Logger
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.known_warnings import ignore_lightning_pytree_deprecation
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.lightning._banners import lightning_banners
-from furcate_hydra.lightning._checkpoint import (
-    AtomicCheckpoint,
-    find_resume_checkpoint,
-    read_pointer,
-)
+from furcate_hydra.lightning._checkpoint import AtomicCheckpoint
+from furcate_hydra.lightning._exact_resume import ExactResume, run_seed
 from furcate_hydra.lightning._history import MetricsHistory, scalar_metrics
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._logger import RunBoundMLFlowLogger
 from furcate_hydra.lightning._plots import PLOTS_DIR, plot_history
+from furcate_hydra.lightning._pointer import resume_point
+from furcate_hydra.lightning._preemption import PreemptionWatch
 from furcate_hydra.lightning._progress import ProgressFile
 from furcate_hydra.lightning._pruning import OptunaPruning
+from furcate_hydra.preemption import JobPreempted
 
 __all__ = ["CHECKPOINT_ARTIFACT_DIR", "FINAL_CHECKPOINT_NAME", "FitResult", "fit"]
 
@@ -50,6 +54,7 @@ class FitResult:
         epochs_completed: ``trainer.current_epoch`` after fit, counting resumed epochs.
         resumed_from: The verified checkpoint training resumed from, or None.
         resumed_at_epoch: The first epoch this fit ran when resuming, or None.
+        resumed_at_batch: The batch of that epoch it continued with (0: the epoch's start).
         history_path: ``history.json`` in the output dir.
         plot_paths: The PNGs under ``<output_dir>/plots/``.
         checkpoint_path: ``<output_dir>/final.ckpt``, or None when no checkpoint exists (and on
@@ -63,6 +68,7 @@ class FitResult:
     history_path: Path
     plot_paths: list[Path]
     checkpoint_path: Path | None
+    resumed_at_batch: int | None = None
 
 
 def fit(
@@ -76,6 +82,14 @@ def fit(
     banners: bool = False,
 ) -> FitResult:
     """Train ``model``, resuming from the run's last verified checkpoint if there is one.
+
+    Resuming is exact: the train DataLoader is made again with a sampler whose order and
+    position travel in the checkpoint, with the random-number states, so a job resumed after
+    batch k trains batch k+1 as the uninterrupted job would have (where the loader cannot be
+    remade, e.g. an IterableDataset, the job resumes at the start of the interrupted epoch).
+    Besides every epoch, it checkpoints every ``env.checkpoint_every_n_steps`` steps and
+    ``env.checkpoint_every_s`` seconds if set, and at once on SIGTERM or SIGUSR1, after which it
+    raises :class:`~furcate_hydra.preemption.JobPreempted` (the launcher re-queues the job).
 
     The trainer gets :class:`MetricsHistory` and :class:`AtomicCheckpoint` ahead of the callbacks
     in ``trainer_options``, :class:`OptunaPruning` when the Optuna sweeper launched this job as a
@@ -103,36 +117,62 @@ def fit(
 
     Raises:
         FurcateConfigError: ``trainer_options`` sets something ``fit`` owns.
+        JobPreempted: SIGTERM or SIGUSR1 came while training; the checkpoint it saved is where
+            the next attempt resumes.
     """
     env = env if env is not None else JobEnv.from_environ()
     options = _trainer_options(trainer_options, env)
     user_callbacks = options.pop("callbacks")
     history = MetricsHistory(env.output_dir)
-    checkpoint = AtomicCheckpoint(env.checkpoint_dir)
+    every_n, every_s = env.checkpoint_every_n_steps, env.checkpoint_every_s
+    exact = ExactResume(run_seed(), warn_if_not_exact=every_n is not None or every_s is not None)
+    watch = PreemptionWatch()
+    checkpoint = AtomicCheckpoint(
+        env.checkpoint_dir, every_n_steps=every_n, every_s=every_s, watch=watch, exact=exact
+    )
     pruning = OptunaPruning.from_environ()
     if pruning is not None:
         user_callbacks.append(pruning)
     logger: Logger | bool = RunBoundMLFlowLogger.from_env(env) if env.recording else False
     ignore_lightning_pytree_deprecation()
-    resume = find_resume_checkpoint(env.checkpoint_dir)
-    pointer = read_pointer(env.checkpoint_dir) if resume is not None else None
+    found = resume_point(env.checkpoint_dir)
+    resume, resumed_at = (found[0], found[1].resumes_at) if found is not None else (None, None)
     with lightning_banners(shown=banners):
         trainer = pl.Trainer(
             **options,
             logger=logger,
-            # history first: the row of an epoch must be in the checkpoint saved for that epoch
-            callbacks=[history, checkpoint, ProgressFile(env.paths.progress), *user_callbacks],
+            # history first: the row of an epoch must be in the checkpoint saved for that epoch;
+            # exact next: it puts the RNG states back before anything else draws at train start
+            callbacks=[
+                history,
+                exact,
+                checkpoint,
+                ProgressFile(env.paths.progress),
+                *user_callbacks,
+            ],
             # False would make Lightning reject our Checkpoint callbacks; with them present it
             # adds no ModelCheckpoint of its own
             enable_checkpointing=True,
         )
-        trainer.fit(
-            model,
-            train_dataloaders=train_dataloaders,
-            val_dataloaders=val_dataloaders,
-            datamodule=datamodule,
-            ckpt_path=resume,
-        )
+        exact.attach(trainer)
+        watch.install()
+        try:
+            trainer.fit(
+                model,
+                train_dataloaders=train_dataloaders,
+                val_dataloaders=val_dataloaders,
+                datamodule=datamodule,
+                ckpt_path=resume,
+                # our own files, verified by their sha256; they hold the RNG states too
+                weights_only=False,
+            )
+        except SIGTERMException:
+            # Lightning's handler won the race (a signal before the watch took it back)
+            if watch.signal_name is None:
+                raise
+            raise JobPreempted(watch.signal_name, None) from None
+        finally:
+            watch.restore()
 
     history_path = history.path
     plots: list[Path] = []
@@ -149,7 +189,8 @@ def fit(
         metrics=scalar_metrics(trainer.callback_metrics),
         epochs_completed=trainer.current_epoch,
         resumed_from=resume,
-        resumed_at_epoch=pointer.epoch + 1 if pointer is not None else None,
+        resumed_at_epoch=None if resumed_at is None else resumed_at[0],
+        resumed_at_batch=None if resumed_at is None else resumed_at[1],
         history_path=history_path,
         plot_paths=plots,
         checkpoint_path=kept,

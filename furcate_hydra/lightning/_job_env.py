@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from furcate_hydra import env_vars
+from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import JobPaths
 
 __all__ = ["JobEnv"]
@@ -26,6 +29,10 @@ class JobEnv:
         tracking_uri: MLflow tracking URI, or None outside the launcher.
         run_id: The MLflow run the launcher created for this job, or None.
         experiment_id: That run's experiment, or None.
+        checkpoint_every_n_steps: Save within an epoch every this many optimizer steps, or
+            None (``hydra.launcher.checkpoint_every_n_steps``).
+        checkpoint_every_s: Save within an epoch every this many seconds, or None
+            (``hydra.launcher.checkpoint_every_s``).
     """
 
     output_dir: Path
@@ -33,6 +40,8 @@ class JobEnv:
     tracking_uri: str | None = None
     run_id: str | None = None
     experiment_id: str | None = None
+    checkpoint_every_n_steps: int | None = None
+    checkpoint_every_s: float | None = None
 
     @property
     def paths(self) -> JobPaths:
@@ -76,6 +85,12 @@ class JobEnv:
             tracking_uri=get(env_vars.TRACKING_URI),
             run_id=get(env_vars.RUN_ID),
             experiment_id=get(env_vars.EXPERIMENT_ID),
+            checkpoint_every_n_steps=_number(
+                env_vars.CHECKPOINT_EVERY_N_STEPS, get(env_vars.CHECKPOINT_EVERY_N_STEPS), int
+            ),
+            checkpoint_every_s=_number(
+                env_vars.CHECKPOINT_EVERY_S, get(env_vars.CHECKPOINT_EVERY_S), float
+            ),
         )
         if env.run_id is not None and env.tracking_uri is None:
             log.warning(
@@ -86,3 +101,17 @@ class JobEnv:
                 env_vars.TRACKING_URI,
             )
         return env
+
+
+def _number(name: str, text: str | None, kind: type[int] | type[float]) -> Any:
+    if text is None:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value > 0 or not math.isfinite(value):
+        raise FurcateConfigError(
+            name, text, f"must be a positive {kind.__name__}", f"unset {name} or set e.g. {name}=60"
+        )
+    return value

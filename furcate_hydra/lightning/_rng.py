@@ -1,0 +1,39 @@
+"""The random-number states that dropout and augmentation draw from, saved and put back.
+
+Lightning's checkpoint holds none of them, so a resumed fit would draw other dropout masks and
+other augmentations than the uninterrupted one from the same point on.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["capture_rng", "restore_rng"]
+
+
+def capture_rng() -> dict[str, Any]:
+    """torch's CPU generator, every CUDA device's (only if CUDA is in use: reading them would
+    initialise it), numpy's global one and Python's ``random``."""
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    """Put back what ``capture_rng`` took; a CUDA state is applied only where CUDA is in use
+    with as many devices as when it was taken (a job sees one GPU, on any machine)."""
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
