@@ -153,24 +153,28 @@ def test_interrupted_job_resumes_from_its_checkpoint(
     assert statuses == ["FINISHED", "KILLED"]
 
 
-def test_corrupt_checkpoint_restarts_that_job_from_scratch(
+def test_corrupt_checkpoint_is_moved_aside_and_the_job_resumes_from_the_older_one(
     tmp_path: Path, mlflow_store: str
 ) -> None:
     process = start_sweep(tmp_path, "first")
     wait_for(mid_training(tmp_path, mlflow_store, "first"), process, "job 1 to be mid-training")
     interrupt(process, signal.SIGKILL)
     checkpoints = tmp_path / "first" / "1" / "checkpoints"
-    named = checkpoints / json.loads((checkpoints / "last.json").read_text())["file"]
+    pointer = json.loads((checkpoints / "last.json").read_text())
+    named = checkpoints / pointer["file"]
     named.write_bytes(b"not a checkpoint")
+    older = pointer["previous"][0]  # two epochs saved: the one before is kept
     finished_before = [r for r in job_runs(mlflow_store) if r.info.status == "FINISHED"]
     first_pid = executed(tmp_path, "first")[0]["pid"]
 
     result = rerun(tmp_path)
     output = result.stdout + result.stderr
     job_log = (tmp_path / "second" / "1" / "stderr.log").read_text()
-    assert "starts from scratch" in job_log and named.name in job_log, job_log
+    assert f"Cannot resume from {named}" in job_log, job_log
+    assert f"Resuming from the older {older['file']}" in job_log, job_log
+    assert (checkpoints / f"{named.name}.corrupt").read_bytes() == b"not a checkpoint"
     second_run = [row["epoch"] for row in executed(tmp_path, "first") if row["pid"] != first_pid]
-    assert second_run == [0, 1, 2, 3]
+    assert second_run == list(range(older["epoch"] + 1, 4))
     assert "skipped 1 of 2 configs" in output
     after = job_runs(mlflow_store)
     assert len(after) == 2 and all(r.info.status == "FINISHED" for r in after)
