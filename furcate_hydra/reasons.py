@@ -36,7 +36,7 @@ _STOPPED = re.compile(r"^launcher stopped$|stopped by the launcher", re.MULTILIN
 _LOST = re.compile(r"The fork server stopped unexpectedly[^\n]*")
 # JobCrashedError's own words before the reason: "Job #3 (lr=0.1) crashed: "
 _CRASH_PREFIX = re.compile(
-    r"^JobCrashedError: Job #\d+ \(.*?\) (?:failed|crashed|cancelled|lost): "
+    r"^JobCrashedError: Job #\d+ \(.*?\) (?:failed|crashed|cancelled|lost|preempted): "
 )
 
 

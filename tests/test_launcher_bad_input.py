@@ -27,6 +27,20 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
     ({"cpus_per_job": 0}, {}, "hydra.launcher.cpus_per_job", "0"),
     ({"gpu_mem_per_job_gb": -1}, {}, "hydra.launcher.gpu_mem_per_job_gb", "-1"),
     ({"max_retries": -1}, {}, "hydra.launcher.max_retries", "-1"),
+    ({"max_preemptions": -1}, {}, "hydra.launcher.max_preemptions", "-1"),
+    ({"max_preemptions": "often"}, {}, "hydra.launcher.max_preemptions", "'often'"),
+    ({"max_preemptions": 1.5}, {}, "hydra.launcher.max_preemptions", "1.5"),
+    ({"checkpoint_every_n_steps": 0}, {}, "hydra.launcher.checkpoint_every_n_steps", "0"),
+    ({"checkpoint_every_n_steps": -5}, {}, "hydra.launcher.checkpoint_every_n_steps", "-5"),
+    (
+        {"checkpoint_every_n_steps": "many"},
+        {},
+        "hydra.launcher.checkpoint_every_n_steps",
+        "'many'",
+    ),
+    ({"checkpoint_every_s": 0}, {}, "hydra.launcher.checkpoint_every_s", "0"),
+    ({"checkpoint_every_s": -60}, {}, "hydra.launcher.checkpoint_every_s", "-60"),
+    ({"checkpoint_every_s": "hourly"}, {}, "hydra.launcher.checkpoint_every_s", "'hourly'"),
     ({"cpus_per_job": 4096}, {}, "hydra.launcher.cpus_per_job", "4096"),
     (
         {"jobs_per_gpu": 2, "gpu_mem_per_job_gb": 4},
@@ -90,6 +104,8 @@ def test_bad_option_is_named_with_its_value_and_fix(
 CLI_CASES = [
     # (overrides, env, key named, bad value shown)
     (["hydra.launcher.gpus=[0,-1]"], {}, "hydra.launcher.gpus", "-1"),  # the slot plan
+    # a number option given a word: furcate's message, not Hydra's schema error
+    (["hydra.launcher.checkpoint_every_s=soon"], {}, "hydra.launcher.checkpoint_every_s", "'soon'"),
     (
         [],  # the tracking store, named by the environment the jobs would inherit
         {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},

@@ -2,7 +2,8 @@
 
     launcher ── submit(JobRecord) ──► executor ──► a fresh process per job, on a free slot
              ◄─ wait_any() ── records whose state is final (COMPLETED, FAILED, CRASHED, ...)
-             ◄─ listeners ── JobEvent: STARTED, PROGRESS, RETRYING, ENDED, as they happen
+             ◄─ listeners ── JobEvent: STARTED, PROGRESS, RETRYING, PREEMPTED, ENDED, as they
+                             happen
 
 The contract every implementation keeps:
 
@@ -13,6 +14,9 @@ The contract every implementation keeps:
 - When the executor's own machinery dies, it is broken: every job it holds comes back LOST with
   the reason, and ``submit`` raises :class:`~furcate_hydra.errors.ExecutorBrokenError`.
 - ``close`` stops every job still running (and its process group) and is idempotent.
+- A job stopped by a signal from outside the executor (SIGTERM, SIGUSR1: a scheduler preempting
+  it) is queued again, up to a limit, and resumes from the checkpoint it saved; one the
+  executor stopped itself (``cancel``, ``close``) never is.
 
 The local fork-server pool (``furcate_hydra.execution.local_pool``) is one implementation.
 """
@@ -35,6 +39,7 @@ class EventKind(enum.Enum):
     STARTED = "started"  # a process runs the job (again, on a retry)
     PROGRESS = "progress"  # the job reported where its training is (``record.progress``)
     RETRYING = "retrying"  # its process crashed; it is queued for another attempt
+    PREEMPTED = "preempted"  # stopped from outside; queued again, to resume where it stopped
     ENDED = "ended"  # its state is final; it comes out of the next wait_any
 
 
@@ -45,7 +50,7 @@ class JobEvent:
 
     kind: EventKind
     job: JobRecord
-    detail: str = ""  # for RETRYING: why the last attempt ended
+    detail: str = ""  # for RETRYING and PREEMPTED: why the last attempt ended
     progress: JobProgress | None = None  # for PROGRESS: what the job reported
     at: float = field(default_factory=time.time)
 

@@ -28,6 +28,8 @@ class JobState(enum.Enum):
     CRASHED = "crashed"  # the process died without reporting (signal, os._exit)
     CANCELLED = "cancelled"  # stopped by the executor's owner before it finished
     LOST = "lost"  # the executor itself broke (its fork server died) while the job was held
+    # stopped from outside (SIGTERM, SIGUSR1) once more than the executor queues again
+    PREEMPTED = "preempted"
 
     @property
     def finished(self) -> bool:
@@ -56,8 +58,11 @@ class JobRecord:
         slot: The slot it ran on (last attempt).
         pid: Its process id (last attempt).
         attempts: How many times a process was started for it.
+        preemptions: How many of those processes were preempted (signalled from outside the
+            executor; each saved where it was and the next attempt resumed from there).
         value: What the job returned (COMPLETED).
-        error: Why it did not complete, in words (FAILED, CRASHED, CANCELLED, LOST).
+        error: Why it did not complete, in words (FAILED, CRASHED, CANCELLED, LOST,
+            PREEMPTED).
         progress: The latest progress the running job reported, if it reports any.
         outcome: What the launcher made of the result for its caller (a Hydra JobReturn).
     """
@@ -79,6 +84,7 @@ class JobRecord:
     slot: Slot | None = None
     pid: int | None = None
     attempts: int = 0
+    preemptions: int = 0
     submitted_at: float = field(default_factory=time.time)
     started_at: float | None = None
     ended_at: float | None = None

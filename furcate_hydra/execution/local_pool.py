@@ -37,6 +37,7 @@ from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import Exited, Start, Started, StartFailed
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.slots import Slot, SlotPlan
+from furcate_hydra.preemption import PREEMPTION_SIGNALS
 from furcate_hydra.progress import JobProgress, read_progress
 
 __all__ = ["LocalPool", "PoolOptions"]
@@ -55,6 +56,8 @@ class PoolOptions:
 
     # re-run a job whose process crashed (not one that raised) up to this many times
     max_retries: int
+    # queue a preempted job again (it was stopped from outside, not by the pool) this often
+    max_preemptions: int
     # modules the fork server imports once so that jobs start warm
     preload: tuple[str, ...]
     # copy each job's stdout/stderr onto the launcher's console as well as its log files
@@ -279,14 +282,18 @@ class LocalPool:
     def _on_exit(self, job: JobRecord, wait_status: int) -> None:
         report = self._read_report(job)
         see_logs = f"\n{job.paths.see_logs()}"
+        preempted = _preempted(report, wait_status)
         if job.key in self._cancelled:
+            # the pool's own SIGTERM, though the job may have saved and said "preempted"
             self._cancelled.discard(job.key)
             self._release(job, JobState.CANCELLED, error="stopped by the launcher")
+        elif preempted is not None:
+            self._on_preempted(job, preempted)
         elif report is not None and report.error is None:
             self._release(job, JobState.COMPLETED, value=report.value)
         elif report is not None:
             self._release(job, JobState.FAILED, error=f"{report.error}{see_logs}")
-        elif job.attempts <= self.options.max_retries:
+        elif job.attempts - job.preemptions <= self.options.max_retries:
             why = describe_wait_status(wait_status)
             log.warning(
                 "Job %s crashed (%s); retry %d of %d",
@@ -303,6 +310,32 @@ class LocalPool:
         else:
             error = f"{describe_wait_status(wait_status)}{see_logs}"
             self._release(job, JobState.CRASHED, error=error)
+
+    def _on_preempted(self, job: JobRecord, why: str) -> None:
+        """Queue a preempted job again (first: it ran before any queued job), or, past the
+        limit, hand it back PREEMPTED."""
+        job.preemptions += 1
+        limit = self.options.max_preemptions
+        if job.preemptions > limit:
+            error = (
+                f"preempted {job.preemptions} times, more than hydra.launcher.max_preemptions="
+                f"{limit} allows (the last time: {why}); run the same command to resume it"
+                f"\n{job.paths.see_logs()}"
+            )
+            self._release(job, JobState.PREEMPTED, error=error)
+            return
+        log.warning(
+            "Job %s %s; queued again to resume (preemption %d of %d)",
+            job.label or job.key,
+            why,
+            job.preemptions,
+            limit,
+        )
+        self._free_slot(job)
+        job.state = JobState.QUEUED
+        self._queue.appendleft(job)
+        self._emit(EventKind.PREEMPTED, job, why)
+        self._dispatch()
 
     def _poll_progress(self) -> None:
         """A PROGRESS event for each running job whose progress file changed."""
@@ -369,6 +402,17 @@ class LocalPool:
     def _result_path(self, job: JobRecord) -> Path:
         # id() is unique while the job is held here, and a job is held until it is handed back.
         return self._runtime_dir / f"{id(job):x}-{job.attempts}.result"
+
+
+def _preempted(report: ChildReport | None, wait_status: int) -> str | None:
+    """What preempted a job, in words, or None: it raised JobPreempted (having saved), or a
+    preemption signal killed it (a task that does not train through ``fit``)."""
+    if report is not None:
+        return None if report.preempted is None else report.preempted
+    if os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) in PREEMPTION_SIGNALS:
+        name = signal.Signals(os.WTERMSIG(wait_status)).name
+        return f"preempted by {name} (its process ended by it; it resumes from its last checkpoint)"
+    return None
 
 
 def _kill_group(pid: int) -> None:

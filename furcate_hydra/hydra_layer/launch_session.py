@@ -121,6 +121,7 @@ class LaunchSession:
         self.executor.add_listener(self._on_event)
         self.summary = SweepSummary()
         self.fail_fast = options.fail_fast
+        self._job_env = options.checkpoints.job_env()  # every job's, before its own
         self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
@@ -306,6 +307,9 @@ class LaunchSession:
     def _on_event(self, event: JobEvent) -> None:
         if event.kind is EventKind.STARTED:
             self.recorder.started(event.job)
+        elif event.kind is EventKind.PREEMPTED:
+            self.summary.preempted()
+            self.recorder.preempted(event.job)
 
     def _compose(self, request: JobRequest) -> JobRecord:
         num = request.num
@@ -320,7 +324,7 @@ class LaunchSession:
             overrides=tuple(request.overrides),
             label=_label(request),
             paths=paths,
-            env=dict(request.env),
+            env={**self._job_env, **request.env},
             config=sweep_config,
             task_config=task,
         )
@@ -348,6 +352,8 @@ class LaunchSession:
             outcome = "killed" if job.started_at is not None else "not started"
         elif job.state is JobState.CRASHED:  # killed from outside, or died of a signal
             outcome = "killed" if re.search(r"by SIG(KILL|TERM)\b", text) else "crashed"
+        elif job.state is JobState.PREEMPTED:  # more often than it may be queued again
+            outcome = "preempted"
         else:
             outcome = "failed"
         reason = one_line_reason(text) or outcome

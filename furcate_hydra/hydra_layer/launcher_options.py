@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import ListConfig
 
+from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
@@ -19,7 +20,7 @@ from furcate_hydra.hydra_layer.options import as_option_error, plain
 from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.store import CodeChange, Rerun
 
-__all__ = ["LauncherOptions", "ProgressOptions", "StoreOptions"]
+__all__ = ["CheckpointOptions", "LauncherOptions", "ProgressOptions", "StoreOptions"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,41 @@ class ProgressOptions:
 
 
 @dataclass(frozen=True)
+class CheckpointOptions:
+    """How often jobs that train through ``fit`` checkpoint within an epoch
+    (``hydra.launcher.checkpoint_every_n_steps``, ``checkpoint_every_s``)."""
+
+    every_n_steps: int | None
+    every_s: float | None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> CheckpointOptions:
+        steps, seconds = options["checkpoint_every_n_steps"], options["checkpoint_every_s"]
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
+        ):
+            raise FurcateConfigError(
+                "hydra.launcher.checkpoint_every_n_steps",
+                steps,
+                "must be a whole number of optimizer steps, 1 or more",
+                "set hydra.launcher.checkpoint_every_n_steps=500, or null to checkpoint at "
+                "epoch ends only",
+            )
+        if seconds is not None:
+            seconds = positive_seconds("hydra.launcher.checkpoint_every_s", seconds, 300)
+        return cls(steps, seconds)
+
+    def job_env(self) -> dict[str, str]:
+        """The variables that tell a job (``JobEnv``) the cadence; unset ones are left out."""
+        env = {}
+        if self.every_n_steps is not None:
+            env[env_vars.CHECKPOINT_EVERY_N_STEPS] = str(self.every_n_steps)
+        if self.every_s is not None:
+            env[env_vars.CHECKPOINT_EVERY_S] = repr(self.every_s)
+        return env
+
+
+@dataclass(frozen=True)
 class LauncherOptions:
     """Everything ``hydra.launcher`` says, checked before anything starts."""
 
@@ -89,6 +125,7 @@ class LauncherOptions:
     store: StoreOptions
     progress: ProgressOptions
     fail_fast: bool
+    checkpoints: CheckpointOptions
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
@@ -100,6 +137,7 @@ class LauncherOptions:
                 StoreOptions.parse(options),
                 ProgressOptions.parse(options),
                 _flag(options, "fail_fast"),
+                CheckpointOptions.parse(options),
             )
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
@@ -129,6 +167,19 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
             "must be a whole number of retries, 0 or more",
             "set hydra.launcher.max_retries=0 (no retries) or a positive count such as 2",
         )
+    max_preemptions = options["max_preemptions"]
+    if (
+        isinstance(max_preemptions, bool)
+        or not isinstance(max_preemptions, int)
+        or max_preemptions < 0
+    ):
+        raise FurcateConfigError(
+            "hydra.launcher.max_preemptions",
+            max_preemptions,
+            "must be a whole number of times a job is queued again, 0 or more",
+            "set hydra.launcher.max_preemptions=3, or 0 to end a preempted job's part in "
+            "the sweep (its run stays resumable)",
+        )
     preload = name_list(
         "hydra.launcher.preload",
         plain(options["preload"]),
@@ -137,6 +188,7 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
     )
     return PoolOptions(
         max_retries=max_retries,
+        max_preemptions=max_preemptions,
         preload=preload,
         echo_output=bool(options["echo_output"]),
         stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),

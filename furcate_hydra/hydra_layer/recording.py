@@ -316,6 +316,11 @@ class JobRecorder:
         row = self._row(job, RunStatus.RUNNING, None, None)
         write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
 
+    def preempted(self, job: JobRecord) -> None:
+        """The job was preempted and queued again: its run counts it (``furcate.preemptions``)."""
+        if self.store is not None and job.run_id is not None:
+            self.store.set_job_tags(job.run_id, {Tags.PREEMPTIONS: str(job.preemptions)})
+
     # -- after a job ends ---------------------------------------------------------------
 
     def record(self, job: JobRecord, job_return: JobReturn) -> None:
@@ -432,7 +437,7 @@ def sweep_run_name(started: float, invocation: str) -> str:
 
 
 def _outcome(job: JobRecord, job_return: JobReturn) -> tuple[RunStatus, Any, str | None]:
-    if job.state is JobState.CANCELLED:
+    if job.state in (JobState.CANCELLED, JobState.PREEMPTED):  # resumed by the next run
         return RunStatus.KILLED, None, job.error
     if job_return.status is JobStatus.COMPLETED:
         return RunStatus.FINISHED, job_return._return_value, None
@@ -448,6 +453,7 @@ def _details(job: JobRecord) -> dict[str, Any]:
         "queued_s": job.queued_s,
         "pid": job.pid,
         "attempts": job.attempts,
+        "preemptions": job.preemptions,
         "slot": None
         if slot is None
         else {"index": slot.index, "device": slot.device, "cpus": slot.cpus},

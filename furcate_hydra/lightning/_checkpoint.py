@@ -54,6 +54,7 @@ __all__ = [
     "read_pointer",
 ]
 
+
 class AtomicCheckpoint(Checkpoint):
     """Save checkpoints, never leaving a half-written one, and keep only what resuming needs.
 

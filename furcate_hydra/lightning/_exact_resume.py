@@ -42,8 +42,8 @@ class ExactResume(Callback):
     Args:
         seed: Seeds the data order (the run's seed: ``torch.initial_seed()``, which
             ``seed_everything`` sets). A resumed run keeps the seed it was saved with.
-        warn_if_not_exact: Warn when the data cannot resume mid-epoch (step or time
-            checkpoints were asked for); otherwise the reason is logged at INFO.
+        warn_if_not_exact: Warn when the data cannot resume mid-epoch (step checkpoints were
+            asked for); otherwise the reason is logged at INFO, and a stop mid-epoch warns.
     """
 
     def __init__(self, seed: int, warn_if_not_exact: bool = False) -> None:

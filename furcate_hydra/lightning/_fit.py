@@ -125,7 +125,8 @@ def fit(
     user_callbacks = options.pop("callbacks")
     history = MetricsHistory(env.output_dir)
     every_n, every_s = env.checkpoint_every_n_steps, env.checkpoint_every_s
-    exact = ExactResume(run_seed(), warn_if_not_exact=every_n is not None or every_s is not None)
+    # time checkpoints are on by default under the launcher: only asked-for step ones warn
+    exact = ExactResume(run_seed(), warn_if_not_exact=every_n is not None)
     watch = PreemptionWatch()
     checkpoint = AtomicCheckpoint(
         env.checkpoint_dir, every_n_steps=every_n, every_s=every_s, watch=watch, exact=exact

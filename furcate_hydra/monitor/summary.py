@@ -17,7 +17,16 @@ from furcate_hydra.monitor.render import duration_text
 __all__ = ["SweepSummary", "Unfinished"]
 
 # Outcomes in the order the summary lists them.
-OUTCOMES = ("finished", "skipped", "pruned", "failed", "crashed", "killed", "not started")
+OUTCOMES = (
+    "finished",
+    "skipped",
+    "pruned",
+    "failed",
+    "crashed",
+    "killed",
+    "preempted",
+    "not started",
+)
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,8 @@ class Unfinished:
 
     num: int
     label: str
-    outcome: str  # failed (raised, exited), crashed (a signal), killed, not started
+    # failed (raised, exited), crashed (a signal), killed, preempted (too often), not started
+    outcome: str
     reason: str
     logs: str
 
@@ -39,6 +49,7 @@ class SweepSummary:
         self.unfinished: list[Unfinished] = []
         self._lowest: tuple[float, int] | None = None
         self._highest: tuple[float, int] | None = None
+        self.preemptions = 0  # of jobs queued again after a preemption, each time
 
     def finished(self, num: int, value: object, skipped: bool = False) -> None:
         self.counts["skipped" if skipped else "finished"] += 1
@@ -54,6 +65,10 @@ class SweepSummary:
         self.counts[row.outcome] += 1
         self.unfinished.append(row)
 
+    def preempted(self) -> None:
+        """A job was preempted and queued again, to resume where it stopped."""
+        self.preemptions += 1
+
     def pruned(self, count: int) -> None:
         """Trials the sweeper pruned: their jobs ended early but normally (among finished)."""
         self.counts["pruned"] = count
@@ -61,6 +76,12 @@ class SweepSummary:
     @property
     def total(self) -> int:
         return sum(n for outcome, n in self.counts.items() if outcome != "pruned")
+
+    def preemptions_line(self) -> str | None:
+        if not self.preemptions:
+            return None
+        times = "1 preemption" if self.preemptions == 1 else f"{self.preemptions} preemptions"
+        return f"{times}: each time the job was queued again and resumed from its checkpoint"
 
     def counts_line(self, elapsed_s: float | None = None) -> str:
         parts = [f"{self.counts[o]} {o}" for o in OUTCOMES if self.counts[o]]
@@ -89,6 +110,9 @@ class SweepSummary:
         values = self.values_line(best)
         if values:
             lines.append(f"  {values}")
+        preemptions = self.preemptions_line()
+        if preemptions:
+            lines.append(f"  {preemptions}")
         for row in self.unfinished:
             lines.append(f"  #{row.num} {row.outcome}: {row.reason}")
             lines.append(f"      {row.label or '(no overrides)'} | logs: {row.logs}")
@@ -102,6 +126,9 @@ class SweepSummary:
         values = self.values_line(best)
         if values:
             lines += ["", values]
+        preemptions = self.preemptions_line()
+        if preemptions:
+            lines += ["", preemptions]
         if self.unfinished:
             lines += ["", "## Jobs that did not finish", ""]
             lines += ["| job | outcome | reason | overrides | logs |", "|---|---|---|---|---|"]

@@ -123,7 +123,7 @@ class SweepTally:
                         event.progress.epoch,
                         dict(event.progress.metrics),
                     )
-            elif event.kind is EventKind.RETRYING:
+            elif event.kind in (EventKind.RETRYING, EventKind.PREEMPTED):
                 self._running.pop(job.key, None)
                 self._retrying += 1
             elif event.kind is EventKind.ENDED:

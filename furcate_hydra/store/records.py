@@ -56,6 +56,7 @@ class Tags:
     RETURN_VALUE = "furcate.return_value"
     ERROR = "furcate.error"
     RESUMED = "furcate.resumed"
+    PREEMPTIONS = "furcate.preemptions"  # times the job was preempted and queued again
     ROLE = "furcate.role"
     HEARTBEAT = "furcate.heartbeat"
     SWEEP_DIR = "furcate.sweep_dir"

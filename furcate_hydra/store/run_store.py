@@ -285,6 +285,10 @@ class RunStore:
         end_ms = int((end_time or time.time()) * 1000)
         self.client.set_terminated(run_id, status=status.value, end_time=end_ms)
 
+    def set_job_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        """Tag a job's run while it is in flight (what happened to it so far)."""
+        self._set_tags(run_id, tags)
+
     def log_artifacts(self, run_id: str, paths: Iterable[Path]) -> None:
         """Upload files to the run's artifact root (the files that exist)."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository

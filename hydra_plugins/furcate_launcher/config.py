@@ -45,6 +45,17 @@ class FurcateLauncherConf:
     allow_cpu: bool = True
     # re-run a job whose process crashed (signal, os._exit) up to this many times
     max_retries: int = 0
+    # queue a job again, into the same MLflow run, when it was preempted (SIGTERM or SIGUSR1
+    # from outside the launcher: it saved a checkpoint and resumes from it), up to this many
+    # times; a whole number, 0 or more (typed Any so that a bad value gets furcate's message)
+    max_preemptions: Any = 3
+    # jobs training through furcate_hydra.lightning.fit also checkpoint within an epoch after
+    # this many optimizer steps (null: only at epoch ends; at most this many batches repeat
+    # after a lost machine)
+    checkpoint_every_n_steps: Optional[Any] = None
+    # ... and after this many seconds: a lost machine costs a job at most this much training,
+    # for ~0.1-0.3% of its time in saves of a 100 MB model (BENCHMARKS.md); null: off
+    checkpoint_every_s: Optional[Any] = 300
     # modules imported once by the warm fork server so jobs start in milliseconds
     preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning", "mlflow"])
     # copy each job's stdout/stderr to the console as well as to its log files

@@ -21,6 +21,7 @@ import cloudpickle
 
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.forkserver.protocol import ChildReport, Start, WarmContext
+from furcate_hydra.preemption import PREEMPTED_EXIT_CODE, JobPreempted
 
 __all__ = ["CHILD_SETUP_FAILED", "run_child"]
 
@@ -58,6 +59,8 @@ def run_child(
 def _run_job(context: WarmContext, payload: bytes) -> ChildReport:
     try:
         return ChildReport(value=context.run(payload))
+    except JobPreempted as exc:
+        return ChildReport(preempted=str(exc), exit_code=PREEMPTED_EXIT_CODE)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         return ChildReport(error=f"the job called sys.exit({exc.code!r})", exit_code=code)

@@ -128,9 +128,11 @@ class ChildReport:
     """What a job's process hands back before it exits.
 
     ``error`` holds a formatted traceback when ``run`` raised or its value could not be pickled;
-    ``exit_code`` is set when the job called ``sys.exit``.
+    ``exit_code`` is set when the job called ``sys.exit``; ``preempted`` says what stopped a
+    job that raised ``JobPreempted`` (it saved a checkpoint to resume from).
     """
 
     value: Any = None
     error: str | None = None
     exit_code: int | None = None
+    preempted: str | None = None
