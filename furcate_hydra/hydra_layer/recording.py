@@ -331,6 +331,8 @@ class JobRecorder:
         job.paths.output_dir.mkdir(parents=True, exist_ok=True)  # a job that never started
         write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
         if self.store is not None and job.run_id is not None:
+            if job.state is JobState.PREEMPTED:  # the last preemption queued nothing again
+                self.preempted(job)
             artifacts = [job.paths.stdout, job.paths.stderr, job.paths.run_data]
             self.store.finish_job_run(
                 job.run_id,

@@ -65,6 +65,15 @@ def misbehave(mode: str) -> Any:
             marker.write_text("x")
             os.kill(os.getpid(), signal.SIGKILL)
         return "recovered"
+    if mode in ("sigterm_once", "sigusr1_once", "sigterm_always"):
+        # preempted from outside, as a scheduler does: by a signal the launcher did not send
+        signum = signal.SIGUSR1 if mode == "sigusr1_once" else signal.SIGTERM
+        marker = Path(os.environ["PROBE_MARKER_DIR"]) / f"preempted-{os.getpid()}"
+        if mode == "sigterm_always" or not any(marker.parent.glob("preempted-*")):
+            marker.write_text("x")
+            os.kill(os.getpid(), signum)
+            time.sleep(60)  # the signal ends the process before this does
+        return "recovered"
     if mode == "cuda":
         import torch
 
