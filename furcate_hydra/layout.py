@@ -14,8 +14,9 @@
         stdout.log  stderr.log      what the job's process printed
         run_data.json               what the launcher recorded of the job: written RUNNING
                                     when its process starts, again when it ends
-        checkpoints/                epoch checkpoints and their verified pointer, last.json;
-                                    a resumed run keeps the directory its first attempt had
+        checkpoints/                epoch and step checkpoints and their verified pointer,
+                                    last.json (damaged ones moved aside as *.corrupt); a
+                                    resumed run keeps the directory its first attempt had
         history.json  plots/        the epoch history ``fit`` keeps, drawn per metric
         progress.json               where a running job's training is (``fit`` writes it)
         final.ckpt                  the last checkpoint, linked where it outlives pruning

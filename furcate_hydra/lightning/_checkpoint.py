@@ -16,6 +16,7 @@ next batch; ``ExactResume`` restores the data order and the random-number states
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import warnings
@@ -150,7 +151,10 @@ class AtomicCheckpoint(Checkpoint):
         # a debugging run must not become the run's resume point
         if _debugging(trainer):
             return
-        saved = self.save(trainer)
+        done, planned = batches_done(trainer), trainer.num_training_batches
+        # an epoch cut short (max_steps, a module returning -1) ends where training stopped;
+        # one of unknown length (an iterable dataset) ends when its data does
+        saved = self.save(trainer, done if math.isfinite(planned) and done < planned else None)
         if self.watch is not None and self.watch.signal_name is not None:
             self._stop(saved)
 

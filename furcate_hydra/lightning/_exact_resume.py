@@ -79,7 +79,12 @@ class ExactResume(Callback):
         source.dataloader = resumable_dataloader
 
     def _remake(self, loader: Any) -> Any:
-        remade, result = make_resumable(loader, self.seed)
+        if self._trainer is not None and self._trainer.world_size > 1:
+            # Lightning puts its DistributedSampler in afterwards, which ours cannot carry
+            result: ResumableBatchSampler | str = "is split across processes (distributed)"
+            remade = loader
+        else:
+            remade, result = make_resumable(loader, self.seed)
         if isinstance(result, str):
             self.batches, self.not_exact = None, result
             self._say_not_exact()

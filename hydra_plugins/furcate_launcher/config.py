@@ -54,7 +54,7 @@ class FurcateLauncherConf:
     # after a lost machine)
     checkpoint_every_n_steps: Optional[Any] = None
     # ... and after this many seconds: a lost machine costs a job at most this much training,
-    # for ~0.1-0.3% of its time in saves of a 100 MB model (BENCHMARKS.md); null: off
+    # for ~0.7% of the training time of a 100 MB model with Adam (BENCHMARKS.md); null: off
     checkpoint_every_s: Optional[Any] = 300
     # modules imported once by the warm fork server so jobs start in milliseconds
     preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning", "mlflow"])
