@@ -1,4 +1,4 @@
-"""Ctrl-C or SIGTERM to a running sweep stops every job's whole process group."""
+"""Ctrl-C, SIGTERM or SIGUSR1 to a running sweep stops every job's whole process group."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from tests.store_helpers import job_runs
         # the grid sweeper streams through submit/wait_any rather than launch()
         ("ctrl_c", "furcate"),
         ("sigterm", "furcate"),
+        # SLURM's --signal=USR1 reaches every process of the step: the launcher stops as above
+        ("sigusr1", "furcate"),
     ],
 )
 def test_interrupt_leaves_no_process_behind(
@@ -51,6 +53,10 @@ def test_interrupt_leaves_no_process_behind(
             os.killpg(process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
         elif how == "sigterm":
             os.kill(process.pid, signal.SIGTERM)
+        elif how == "sigusr1":
+            (server,) = psutil.Process(process.pid).children()  # the fork server
+            for pid in (process.pid, server.pid):
+                os.kill(pid, signal.SIGUSR1)
         else:
             # The launcher cannot clean up; its fork server sees the socket close and does.
             os.kill(process.pid, signal.SIGKILL)
@@ -62,7 +68,9 @@ def test_interrupt_leaves_no_process_behind(
     if how != "sigkill":  # a launcher that could clean up recorded what it stopped
         assert sorted(r.info.status for r in job_runs(mlflow_store)) == ["KILLED", "KILLED"]
         # one line that says what happened and what to do, the shell's exit status, no trace
-        signum = signal.SIGINT if how == "ctrl_c" else signal.SIGTERM
+        signum = {"ctrl_c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}[
+            how
+        ]
         assert process.returncode == 128 + signum
         output = (stdout + stderr).decode()
         line = f"interrupted ({signum.name}): 2 jobs stopped and recorded as KILLED"

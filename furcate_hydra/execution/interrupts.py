@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM in the launcher's process: a KeyboardInterrupt that is never lost.
+"""Ctrl-C, SIGTERM and SIGUSR1 in the launcher's process: a KeyboardInterrupt never lost.
 
 Python raises KeyboardInterrupt wherever the main thread is when SIGINT arrives. Raised inside a
 weakref callback or a ``__del__`` (frequent while the launcher imports and unpickles during the
@@ -16,14 +16,16 @@ from typing import Any
 
 __all__ = ["check", "install", "received", "restore"]
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGUSR1 too: SLURM's `--signal=USR1@<seconds>` sends it to every process of a job step, the
+# launcher's included; its default action would end the launcher without recording anything.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 _received: list[int] = []
 _previous: dict[int, Any] = {}
 
 
 def install() -> None:
-    """Handle SIGINT and SIGTERM here until ``restore``; from the main thread only (elsewhere
-    Python delivers no signal, and the caller's handlers stay)."""
+    """Handle SIGINT, SIGTERM and SIGUSR1 here until ``restore``; from the main thread only
+    (elsewhere Python delivers no signal, and the caller's handlers stay)."""
     # A new session never inherits a signal from before it: one received under an earlier
     # install (in a process that runs several sessions) is forgotten, handled or not.
     _received.clear()

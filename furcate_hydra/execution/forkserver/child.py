@@ -38,7 +38,7 @@ def run_child(
         os.setsid()
         _close_quietly(inherited_fds)
         _redirect_stdio(out_fd, err_fd)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.update(start.env)
         os.environ["FURCATE_JOB_STARTED_AT"] = repr(time.time())

@@ -267,8 +267,10 @@ def _killpg(pgid: int, signum: int) -> None:
 def main(argv: list[str]) -> int:
     """Entry point: ``python -m furcate_hydra.execution.forkserver.server <socket fd>``."""
     conn = Connection(int(argv[1]))
-    # The launcher owns the terminal's Ctrl-C and decides when jobs stop.
+    # The launcher owns the terminal's Ctrl-C, and a scheduler's SIGUSR1, and decides when
+    # jobs stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     server = ForkServer(conn)
     signal.signal(signal.SIGTERM, lambda *_: server.request_stop(_ORPHAN_GRACE_S))
     try:
