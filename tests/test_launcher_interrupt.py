@@ -31,7 +31,7 @@ from tests.store_helpers import job_runs
         ("ctrl_c", "furcate"),
         ("sigterm", "furcate"),
         # SLURM's --signal=USR1 reaches every process of the step: the launcher stops as above
-        ("sigusr1", "furcate"),
+        pytest.param("sigusr1", "furcate", marks=pytest.mark.slow),  # CI runs it
     ],
 )
 def test_interrupt_leaves_no_process_behind(

@@ -19,7 +19,11 @@ from tests.store_helpers import job_runs
 
 
 @pytest.mark.parametrize(
-    ("mode", "signal_name"), [("sigterm_once", "SIGTERM"), ("sigusr1_once", "SIGUSR1")]
+    ("mode", "signal_name"),
+    [
+        ("sigterm_once", "SIGTERM"),
+        pytest.param("sigusr1_once", "SIGUSR1", marks=pytest.mark.slow),  # CI runs it
+    ],
 )
 def test_a_preempted_job_runs_again_in_its_run_and_the_sweep_exits_0(
     tmp_path: Path, mlflow_store: str, mode: str, signal_name: str

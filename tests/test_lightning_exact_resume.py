@@ -71,6 +71,7 @@ def test_resumed_mid_epoch_ends_bitwise_equal_to_uninterrupted(
     assert all(torch.equal(expected[name], got[name]) for name in expected)
 
 
+@pytest.mark.slow  # CI runs it; SIGTERM's test covers the path in the quick suite
 def test_sigusr1_checkpoints_and_stops_as_sigterm_does(tmp_path: Path) -> None:
     from tests.apps.dropout_regression import train, weights_digest
 
