@@ -126,8 +126,7 @@ def test_step_checkpoints_off_when_the_data_cannot_resume(tmp_path: Path) -> Non
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
-    from furcate_hydra.lightning import fit
-    from furcate_hydra.lightning._exact_resume import ResumeNotExactWarning
+    from furcate_hydra.lightning import ResumeNotExactWarning, fit
     from furcate_hydra.preemption import JobPreempted
     from tests.apps.dropout_regression import DropoutRegression
 

@@ -8,6 +8,7 @@ of the app's making. Everything else lives in private modules.
 from __future__ import annotations
 
 from furcate_hydra.lightning._checkpoint import AtomicCheckpoint, CheckpointCorruptWarning
+from furcate_hydra.lightning._exact_resume import ResumeNotExactWarning
 from furcate_hydra.lightning._fit import FitResult, fit
 from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_env import JobEnv
@@ -21,6 +22,7 @@ __all__ = [
     "JobEnv",
     "MetricsHistory",
     "OptunaPruning",
+    "ResumeNotExactWarning",
     "RunBoundMLFlowLogger",
     "fit",
 ]
