@@ -18,6 +18,8 @@
                                     last.json (damaged ones moved aside as *.corrupt); a
                                     resumed run keeps the directory its first attempt had
         history.json  plots/        the epoch history ``fit`` keeps, drawn per metric
+        trace.csv                   the launcher's samples of the job's memory and CPU (and
+                                    GPU), drawn in plots/resource_trace.png when it ends
         progress.json               where a running job's training is (``fit`` writes it)
         final.ckpt                  the last checkpoint, linked where it outlives pruning
 
@@ -56,6 +58,8 @@ class JobPaths:
     RUN_DATA = "run_data.json"
     HISTORY = "history.json"
     PROGRESS = "progress.json"
+    TRACE = "trace.csv"
+    TRACE_PLOT = "resource_trace.png"
     FINAL_CHECKPOINT = "final.ckpt"
     CHECKPOINT_POINTER = "last.json"
     CHECKPOINTS = CHECKPOINTS_DIR
@@ -87,6 +91,14 @@ class JobPaths:
     @property
     def progress(self) -> Path:
         return self.output_dir / self.PROGRESS
+
+    @property
+    def trace(self) -> Path:
+        return self.output_dir / self.TRACE
+
+    @property
+    def trace_plot(self) -> Path:
+        return self.plots_dir / self.TRACE_PLOT
 
     @property
     def plots_dir(self) -> Path:

@@ -47,6 +47,12 @@ RULES = (
         (*HYDRA, *HEAVY),
     ),
     Rule("furcate_hydra/store", (*SHARED, "furcate_hydra.store"), (*HYDRA, "torch", "optuna")),
+    # the launcher's resource trace: psutil, NVML and (to draw it) matplotlib, no store
+    Rule(
+        "furcate_hydra/tracing",
+        (*SHARED, "furcate_hydra.execution", "furcate_hydra.tracing"),
+        (*HYDRA, "torch", "pytorch_lightning", "mlflow", "optuna"),
+    ),
     Rule("furcate_hydra/tuning", (*SHARED, ENV_VARS, "furcate_hydra.tuning"), (*HYDRA, "torch")),
     Rule(
         "furcate_hydra/lightning",
@@ -69,6 +75,7 @@ RULES = (
             "furcate_hydra.store",
             "furcate_hydra.sweeping",
             "furcate_hydra.tuning",
+            "furcate_hydra.tracing",
             "furcate_hydra.hydra_layer",
         ),
         ("torch", "pytorch_lightning"),

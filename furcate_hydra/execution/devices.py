@@ -18,6 +18,7 @@ __all__ = [
     "InstalledGpu",
     "NvmlProbe",
     "normalize_device_id",
+    "nvml_handle",
     "parse_cuda_visible_devices",
 ]
 
@@ -167,7 +168,7 @@ class NvmlProbe:
                 f"cannot read free memory of GPU {device_id!r}: NVML is not available ({exc})"
             ) from exc
         try:
-            handle = _nvml_handle(device_id)
+            handle = nvml_handle(device_id)
             return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
         except pynvml.NVMLError as exc:
             raise RuntimeError(f"cannot read free memory of GPU {device_id!r}: {exc}") from exc
@@ -175,8 +176,9 @@ class NvmlProbe:
             pynvml.nvmlShutdown()
 
 
-def _nvml_handle(device_id: str) -> object:
-    """Look up an NVML handle; the caller has initialised NVML."""
+def nvml_handle(device_id: str) -> object:
+    """The NVML handle of a device id as slots name it (an index or a GPU-/MIG- UUID, or a
+    UUID's prefix); the caller has initialised NVML."""
     import pynvml
 
     if device_id.isdigit():

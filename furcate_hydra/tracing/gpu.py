@@ -1,0 +1,96 @@
+"""A job's own GPU memory and its GPU's utilisation, from NVML.
+
+    slot's device id ──► NVML handle (index or UUID) ──► compute processes on it ──► memory of
+                         those whose pid is in the job's process tree; the GPU's utilisation
+
+NVML lists the processes that hold memory on a GPU, each with what it holds, so a job's share
+is told apart from its neighbours' on a shared GPU. ``pynvml`` is imported on the first GPU
+sample, never for CPU slots. Where NVML cannot answer (no driver, a device it does not know, a
+MIG instance without utilisation), the value is None and the trace goes on without it. In a
+container with its own pid namespace NVML reports the host's pids, which match no job: the
+job's GPU memory then reads 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from furcate_hydra.execution.devices import nvml_handle
+from furcate_hydra.tracing.process_tree import MIB
+
+__all__ = ["GpuUsage", "NvmlSampler"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """What one job holds on its GPU (MiB) and how busy that GPU is (percent)."""
+
+    mem_mb: float | None
+    util_percent: float | None
+
+
+class NvmlSampler:
+    """Reads GPU usage through NVML, initialised once on first use; one thread uses it."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._unavailable = False  # NVML failed to start: not tried again
+        self._warned: set[str] = set()  # devices (or "" for NVML itself) already warned about
+        self._handles: dict[str, Any] = {}
+
+    def usage(self, device: str, pids: Collection[int]) -> GpuUsage:
+        """The memory ``pids`` hold on ``device`` and its utilisation."""
+        nvml = self._init()
+        if nvml is None:
+            return GpuUsage(None, None)
+        try:
+            handle = self._handle(nvml, device)
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception as exc:  # NVMLError, or no such device
+            self._warn_once(device, f"cannot read the processes on GPU {device!r}: {exc}")
+            return GpuUsage(None, None)
+        held = sum(int(process.usedGpuMemory or 0) for process in processes if process.pid in pids)
+        try:
+            util: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except Exception:  # e.g. not supported on a MIG instance
+            util = None
+        return GpuUsage(held / MIB, util)
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception as exc:
+                log.debug("nvmlShutdown: %s", exc)
+            self._nvml = None
+            self._handles.clear()
+
+    def _init(self) -> Any:
+        if self._nvml is not None or self._unavailable:
+            return self._nvml
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, ...
+            self._unavailable = True
+            self._warn_once("", f"NVML is not available ({exc})")
+            return None
+        self._nvml = pynvml
+        return pynvml
+
+    def _handle(self, nvml: Any, device: str) -> Any:
+        handle = self._handles.get(device)
+        if handle is None:
+            handle = self._handles[device] = nvml_handle(device)
+        return handle
+
+    def _warn_once(self, device: str, why: str) -> None:
+        if device not in self._warned:
+            self._warned.add(device)
+            log.warning("furcate: the resource trace has no GPU figures: %s", why)
