@@ -61,6 +61,8 @@ def test_csv_rows_by_job_number_with_the_union_of_metrics(tmp_path: Path) -> Non
             "start",
             "end",
             "duration_s",
+            "rss_peak_mb",
+            "gpu_mem_peak_mb",
             "run_id",
             "fingerprint",
             "output_dir",
@@ -92,8 +94,8 @@ def test_csv_without_metrics_or_rows(tmp_path: Path) -> None:
     path = tmp_path / "run_data.csv"
     write_run_data_csv(path, [])
     assert path.read_text().splitlines() == [
-        "job_num,overrides,status,skipped,resumed,return_value,start,end,duration_s,run_id,"
-        "fingerprint,output_dir,error"
+        "job_num,overrides,status,skipped,resumed,return_value,start,end,duration_s,"
+        "rss_peak_mb,gpu_mem_peak_mb,run_id,fingerprint,output_dir,error"
     ]
 
 

@@ -92,3 +92,14 @@ def test_fail_fast_starts_nothing_after_the_first_failure(
     assert "sweep of 6 jobs: 2 failed, 4 not started" in result.stdout
     assert len(job_runs(mlflow_store)) == 2
     assert not (tmp_path / "sweep" / "2" / "stdout.log").exists()
+
+
+def test_the_summary_names_the_highest_memory_peaks_and_their_jobs() -> None:
+    summary = SweepSummary()
+    assert summary.peaks_line() is None  # nothing traced: no line
+    summary.peaks(0, 812.4, None)
+    summary.peaks(1, 2048.0, 5120.0)
+    summary.peaks(2, 1000.0, 6000.6)
+    line = "peak memory of a job: 2,048 MiB resident (job #1), 6,001 MiB on its GPU (job #2)"
+    assert summary.peaks_line() == line
+    assert f"\n  {line}" in summary.text() and f"\n\n{line}\n" in summary.markdown()

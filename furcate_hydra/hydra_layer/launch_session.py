@@ -59,6 +59,8 @@ from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
 from furcate_hydra.reasons import one_line_reason
 from furcate_hydra.store import Action, Decision, RunRecord, code_version
+from furcate_hydra.store.trace_log import TraceLog
+from furcate_hydra.tracing import ResourceTracer, TracePeaks
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,7 @@ class LaunchSession:
         self.executor = start_executor(plan, self._context, options, output)
         self.executor.add_listener(self.tally.on_event)
         self.executor.add_listener(self._on_event)
+        self.tracer = start_tracer(options.trace_interval_s, self.recorder.tracking_uri)
         self.summary = SweepSummary()
         self.fail_fast = options.fail_fast
         self._job_env = options.checkpoints.job_env()  # every job's, before its own
@@ -298,7 +301,10 @@ class LaunchSession:
         self.view.stop()
         self.executor.close()
         stopped = len(self._jobs)
-        self.recorder.close(interrupted, self._jobs.values())
+        peaks = {key: self._end_trace(key) for key in self._jobs}
+        if self.tracer is not None:
+            self.tracer.close()  # the last metrics and plots, before the store closes
+        self.recorder.close(interrupted, self._jobs.values(), peaks)
         self._jobs.clear()
         self._elsewhere.clear()  # nothing of this launcher's: the other one records them
         interrupts.restore()
@@ -306,10 +312,24 @@ class LaunchSession:
 
     def _on_event(self, event: JobEvent) -> None:
         if event.kind is EventKind.STARTED:
-            self.recorder.started(event.job)
+            job = event.job
+            self.recorder.started(job)
+            if self.tracer is not None and job.pid is not None:
+                self.tracer.start(
+                    job.key,
+                    job.pid,
+                    job.started_at or event.at,
+                    device=job.slot.device if job.slot is not None else None,
+                    paths=job.paths,
+                    run_id=job.run_id,
+                    title=f"job {job.name}",
+                )
         elif event.kind is EventKind.PREEMPTED:
             self.summary.preempted()
             self.recorder.preempted(event.job)
+
+    def _end_trace(self, key: str) -> TracePeaks | None:
+        return self.tracer.end(key) if self.tracer is not None else None
 
     def _compose(self, request: JobRequest) -> JobRecord:
         num = request.num
@@ -331,8 +351,11 @@ class LaunchSession:
 
     def _finish(self, job: JobRecord) -> JobReturn:
         self._jobs.pop(job.key, None)
+        peaks = self._end_trace(job.key)
         job_return = self._to_job_return(job)
-        self.recorder.record(job, job_return)
+        self.recorder.record(job, job_return, peaks)
+        if peaks is not None:
+            self.summary.peaks(job.num, peaks.rss_mb, peaks.gpu_mem_mb)
         ok = job_return.status is JobStatus.COMPLETED
         self.tally.finished(ok)
         if ok:
@@ -409,6 +432,14 @@ def start_executor(
 ) -> Executor:
     """The executor that runs the session's jobs: the one place a backend is chosen."""
     return LocalPool(plan, context, options.pool, output)
+
+
+def start_tracer(interval_s: float, tracking_uri: str | None) -> ResourceTracer | None:
+    """The resource trace of the session's jobs, into their runs when recording; None when
+    ``hydra.launcher.trace_interval_s`` is 0."""
+    if interval_s <= 0:
+        return None
+    return ResourceTracer(interval_s, TraceLog(tracking_uri) if tracking_uri else None)
 
 
 def check_batch_paths(

@@ -6,6 +6,7 @@ launcher's config dataclass, the one place defaults live.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,9 @@ from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.store import CodeChange, Rerun
 
 __all__ = ["CheckpointOptions", "LauncherOptions", "ProgressOptions", "StoreOptions"]
+
+# Sampling a job's processes more often than this costs CPU and shows nothing more.
+MIN_TRACE_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,8 @@ class LauncherOptions:
     progress: ProgressOptions
     fail_fast: bool
     checkpoints: CheckpointOptions
+    # seconds between samples of each running job's resources; 0: no trace
+    trace_interval_s: float
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
@@ -138,6 +144,7 @@ class LauncherOptions:
                 ProgressOptions.parse(options),
                 _flag(options, "fail_fast"),
                 CheckpointOptions.parse(options),
+                _trace_interval(options["trace_interval_s"]),
             )
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
@@ -197,6 +204,19 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
 
 def _seconds(mlflow: Mapping[str, Any], key: str, example: float) -> float:
     return positive_seconds(f"hydra.launcher.mlflow.{key}", mlflow[key], example)
+
+
+def _trace_interval(value: Any) -> float:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or (value != 0 and value < MIN_TRACE_INTERVAL_S):
+        raise FurcateConfigError(
+            "hydra.launcher.trace_interval_s",
+            value,
+            f"must be 0 (no resource trace) or a number of seconds of at least "
+            f"{MIN_TRACE_INTERVAL_S:g} between samples",
+            "set e.g. hydra.launcher.trace_interval_s=10, or =0 to trace nothing",
+        )
+    return float(value)
 
 
 def _flag(options: Mapping[str, Any], key: str) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,7 @@ from furcate_hydra.store.run_data import (
 from furcate_hydra.store.sweep_record import SweepRecord
 from furcate_hydra.store.sweep_rows import SweepRows
 from furcate_hydra.store.ui_link import experiment_link
+from furcate_hydra.tracing import METRIC_PREFIX, TracePeaks
 
 log = logging.getLogger(__name__)
 
@@ -323,11 +324,14 @@ class JobRecorder:
 
     # -- after a job ends ---------------------------------------------------------------
 
-    def record(self, job: JobRecord, job_return: JobReturn) -> None:
-        """The outcome of a job that ran: its run, run_data.json and its run_data.csv row."""
+    def record(
+        self, job: JobRecord, job_return: JobReturn, peaks: TracePeaks | None = None
+    ) -> None:
+        """The outcome of a job that ran: its run, run_data.json and its run_data.csv row
+        (with the peaks of its resource trace, if it has one)."""
         status, value, error = _outcome(job, job_return)
         pending = self.store is not None and job.run_id is not None
-        row = self._add_row(job, status, value, error, metrics_pending=pending)
+        row = self._add_row(job, status, value, error, metrics_pending=pending, peaks=peaks)
         job.paths.output_dir.mkdir(parents=True, exist_ok=True)  # a job that never started
         write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
         if self.store is not None and job.run_id is not None:
@@ -349,6 +353,10 @@ class JobRecorder:
         row = self._rows.get(key)
         return JobRun(row.run_id, row.skipped) if row is not None else JobRun(None)
 
+    def row(self, key: str) -> JobRow | None:
+        """What was recorded of a handed-back job."""
+        return self._rows.get(key)
+
     @property
     def tracking_uri(self) -> str | None:
         return self.store.tracking_uri if self.store is not None else None
@@ -364,7 +372,10 @@ class JobRecorder:
             return
         if self.store is not None:
             while run_ids := self._rows.pending_runs(_METRICS_CHUNK):
-                metrics = self.store.latest_metrics(run_ids)
+                metrics = {
+                    run_id: _final_metrics(values)
+                    for run_id, values in self.store.latest_metrics(run_ids).items()
+                }
                 for row in self._rows.set_metrics(run_ids, metrics):
                     update_run_data_metrics(Path(row.output_dir) / JobPaths.RUN_DATA, row.metrics)
         path = self.sweep.run_data_csv
@@ -374,16 +385,23 @@ class JobRecorder:
         if self.store is not None and force:
             self.store.log_sweep_artifact(path)
 
-    def close(self, interrupted: bool, in_flight: Iterable[JobRecord]) -> None:
-        """Runs of jobs still in flight are KILLED (resumable); claims of jobs that never
-        started are withdrawn; the sweep run gets its state."""
+    def close(
+        self,
+        interrupted: bool,
+        in_flight: Iterable[JobRecord],
+        peaks: Mapping[str, TracePeaks | None] | None = None,
+    ) -> None:
+        """Runs of jobs still in flight are KILLED (resumable), with their trace's ``peaks``
+        by job key; claims of jobs that never started are withdrawn; the sweep run gets its
+        state."""
         if self.store is not None:
             for claim in self._claims.values():
                 self.store.withdraw(claim)
         self._claims.clear()
         for job in in_flight:
             # a row and run_data.json for each, so the sweep's record lists what was stopped
-            row = self._add_row(job, RunStatus.KILLED, None, "launcher stopped")
+            traced = (peaks or {}).get(job.key)
+            row = self._add_row(job, RunStatus.KILLED, None, "launcher stopped", peaks=traced)
             job.paths.output_dir.mkdir(parents=True, exist_ok=True)
             write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
             if self.store is not None and job.run_id is not None:
@@ -405,13 +423,20 @@ class JobRecorder:
         value: Any,
         error: str | None,
         metrics_pending: bool = False,
+        peaks: TracePeaks | None = None,
     ) -> JobRow:
-        row = self._row(job, status, value, error)
+        row = self._row(job, status, value, error, peaks)
         self._rows.add(job.key, row, metrics_pending)
         return row
 
     @staticmethod
-    def _row(job: JobRecord, status: RunStatus, value: Any, error: str | None) -> JobRow:
+    def _row(
+        job: JobRecord,
+        status: RunStatus,
+        value: Any,
+        error: str | None,
+        peaks: TracePeaks | None = None,
+    ) -> JobRow:
         return JobRow(
             job_num=job.num,
             overrides=list(job.overrides),
@@ -425,6 +450,8 @@ class JobRecorder:
             start=None if job.skipped else job.started_at,
             end=None if job.skipped else job.ended_at,
             resumed=job.resumed,
+            rss_peak_mb=_mb(peaks.rss_mb if peaks else None),
+            gpu_mem_peak_mb=_mb(peaks.gpu_mem_mb if peaks else None),
         )
 
 
@@ -446,6 +473,16 @@ def _outcome(job: JobRecord, job_return: JobReturn) -> tuple[RunStatus, Any, str
     error = job_return._return_value
     text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
     return RunStatus.FAILED, None, text
+
+
+def _final_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """A run's metrics for run_data, less the resource trace's last samples (its peaks are
+    columns of their own, and its last sample may or may not be in the store yet)."""
+    return {name: value for name, value in metrics.items() if not name.startswith(METRIC_PREFIX)}
+
+
+def _mb(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _details(job: JobRecord) -> dict[str, Any]:

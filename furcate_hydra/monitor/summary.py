@@ -1,5 +1,6 @@
 """The end-of-sweep summary: counts per outcome, one row per job that did not finish (with its
-one-line reason and where its logs are), and the return values' extremes.
+one-line reason and where its logs are), the return
+values' extremes, and the highest memory any job's resource trace reached.
 
 Only jobs that did not finish are kept, one short row each, so a sweep of a million jobs that
 went well holds a handful of numbers here.
@@ -50,6 +51,9 @@ class SweepSummary:
         self._lowest: tuple[float, int] | None = None
         self._highest: tuple[float, int] | None = None
         self.preemptions = 0  # of jobs queued again after a preemption, each time
+        # the highest peak of the resource traces, and its job: resident memory, GPU memory
+        self._rss_peak: tuple[float, int] | None = None
+        self._gpu_peak: tuple[float, int] | None = None
 
     def finished(self, num: int, value: object, skipped: bool = False) -> None:
         self.counts["skipped" if skipped else "finished"] += 1
@@ -72,6 +76,13 @@ class SweepSummary:
     def pruned(self, count: int) -> None:
         """Trials the sweeper pruned: their jobs ended early but normally (among finished)."""
         self.counts["pruned"] = count
+
+    def peaks(self, num: int, rss_mb: float | None, gpu_mem_mb: float | None) -> None:
+        """A traced job's peaks: the summary names the highest of each over the sweep."""
+        if rss_mb is not None and (self._rss_peak is None or rss_mb > self._rss_peak[0]):
+            self._rss_peak = (rss_mb, num)
+        if gpu_mem_mb is not None and (self._gpu_peak is None or gpu_mem_mb > self._gpu_peak[0]):
+            self._gpu_peak = (gpu_mem_mb, num)
 
     @property
     def total(self) -> int:
@@ -104,15 +115,21 @@ class SweepSummary:
             f"highest {high[0]:.6g} (job #{high[1]})"
         )
 
+    def peaks_line(self) -> str | None:
+        """The highest memory a job's trace reached, resident and on a GPU, with its job."""
+        parts = []
+        if self._rss_peak is not None:
+            parts.append(f"{self._rss_peak[0]:,.0f} MiB resident (job #{self._rss_peak[1]})")
+        if self._gpu_peak is not None:
+            parts.append(f"{self._gpu_peak[0]:,.0f} MiB on its GPU (job #{self._gpu_peak[1]})")
+        return "peak memory of a job: " + ", ".join(parts) if parts else None
+
     def text(self, elapsed_s: float | None = None, best: str | None = None) -> str:
         """What the console shows at the end of the sweep."""
         lines = [self.counts_line(elapsed_s)]
-        values = self.values_line(best)
-        if values:
-            lines.append(f"  {values}")
-        preemptions = self.preemptions_line()
-        if preemptions:
-            lines.append(f"  {preemptions}")
+        for line in (self.values_line(best), self.peaks_line(), self.preemptions_line()):
+            if line:
+                lines.append(f"  {line}")
         for row in self.unfinished:
             lines.append(f"  #{row.num} {row.outcome}: {row.reason}")
             lines.append(f"      {row.label or '(no overrides)'} | logs: {row.logs}")
@@ -123,12 +140,9 @@ class SweepSummary:
         lines = ["# Sweep summary", "", "| outcome | jobs |", "|---|---|"]
         lines += [f"| {o} | {self.counts[o]} |" for o in OUTCOMES if self.counts[o]]
         lines += ["", self.counts_line(elapsed_s)]
-        values = self.values_line(best)
-        if values:
-            lines += ["", values]
-        preemptions = self.preemptions_line()
-        if preemptions:
-            lines += ["", preemptions]
+        for line in (self.values_line(best), self.peaks_line(), self.preemptions_line()):
+            if line:
+                lines += ["", line]
         if self.unfinished:
             lines += ["", "## Jobs that did not finish", ""]
             lines += ["| job | outcome | reason | overrides | logs |", "|---|---|---|---|---|"]

@@ -38,6 +38,10 @@ class JobRow:
     start: float | None = None
     end: float | None = None
     resumed: bool = False
+    # the highest resident memory (MiB) of its processes and GPU memory (MiB) they held, from
+    # the launcher's resource trace (None: not traced, or no sample)
+    rss_peak_mb: float | None = None
+    gpu_mem_peak_mb: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -93,6 +97,8 @@ def write_ordered_run_data_csv(
         "start",
         "end",
         "duration_s",
+        "rss_peak_mb",
+        "gpu_mem_peak_mb",
         "run_id",
         "fingerprint",
         "output_dir",

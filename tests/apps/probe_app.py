@@ -103,12 +103,31 @@ def misbehave(mode: str) -> Any:
     return "ok"
 
 
+def hold(cfg: DictConfig) -> Any:
+    """A child process (as a DataLoader worker would be) holds ``hold_mb`` MiB for ``hold_s``
+    seconds; then the job returns, or with ``then=sigkill`` is killed as the OOM killer would."""
+    code = (
+        "import sys, time; held = b'\\x01' * (int(sys.argv[1]) << 20); "
+        "print('holding', flush=True); time.sleep(float(sys.argv[2]))"
+    )
+    args = [sys.executable, "-c", code, str(cfg.hold_mb), str(cfg.hold_s)]
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "holding\n"
+    if cfg.get("then") == "sigkill":
+        time.sleep(float(cfg.hold_s) / 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    child.wait()
+    return "held"
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="probe")
 def main(cfg: DictConfig) -> Any:
     info = record(cfg)
     mode = str(cfg.mode)
     if mode == "ok":
         return info
+    if mode == "hold":
+        return hold(cfg)
     if mode == "value":  # a number to compare jobs by, as a tuned task returns
         return float(cfg.get("lr", 0.0))
     if mode == "metric":
