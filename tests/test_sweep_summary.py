@@ -9,7 +9,7 @@ import pytest
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.monitor.summary import SweepSummary, Unfinished
-from tests.conftest import run_probe_sweep
+from tests.conftest import RunStudy, run_probe_sweep
 from tests.option_helpers import parse_launcher_options
 from tests.store_helpers import job_runs
 
@@ -103,3 +103,23 @@ def test_the_summary_names_the_highest_memory_peaks_and_their_jobs() -> None:
     line = "peak memory of a job: 2,048 MiB resident (job #1), 6,001 MiB on its GPU (job #2)"
     assert summary.peaks_line() == line
     assert f"\n  {line}" in summary.text() and f"\n\n{line}\n" in summary.markdown()
+
+
+@pytest.mark.parametrize("asynchronous", ["true", "false"])
+def test_a_pruned_jobs_row_says_at_which_epoch(
+    tmp_path: Path, run_study_in_process: RunStudy, asynchronous: str
+) -> None:
+    # false: hydra-optuna-sweeper's batch loop tells the trials after the launch returned,
+    # and summary.md is written again
+    run_study_in_process(
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.monitor=loss",
+        f"hydra.sweeper.asynchronous={asynchronous}",
+        "+prune_at=3",
+    )
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert "| pruned | 2 |" in summary
+    for num in (0, 1):
+        logs = tmp_path / "sweep" / str(num) / "stderr.log"
+        assert f"| #{num} | pruned | pruned at epoch 3 | " in summary
+        assert f" | {logs} |" in summary

@@ -57,7 +57,7 @@ from furcate_hydra.layout import JobPaths
 from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
-from furcate_hydra.reasons import one_line_reason
+from furcate_hydra.reasons import one_line_reason, pruned_reason
 from furcate_hydra.store import Action, Decision, RunRecord, code_version
 from furcate_hydra.store.trace_log import TraceLog
 from furcate_hydra.tracing import ResourceTracer, TracePeaks
@@ -135,6 +135,7 @@ class LaunchSession:
         # over one streaming() block, for the log; stale: skipped, though other code finished it;
         # elsewhere: ran in another launcher while this one waited
         self.submitted = self.skipped = self.skipped_stale = self.elsewhere = 0
+        self.in_stream = False  # inside streaming(): the summary is written when it ends
         self._closed = False
 
     @classmethod
@@ -281,6 +282,23 @@ class LaunchSession:
             return JobRun(held[1].run_id, elsewhere=True)
         return self.recorder.job_run(key)
 
+    def job_pruned(self, key: str, epoch: int | None) -> None:
+        """A handed-back job whose trial the sweeper pruned: its row in the summary says at
+        which epoch. Told after the sweep's ``launch`` returned (a batch sweeper tells its
+        trials then), summary.md is written again with it."""
+        row = self.recorder.row(key)
+        if row is None:
+            return
+        output_dir = Path(row.output_dir)
+        stderr = output_dir / JobPaths.STDERR
+        label = " ".join(task_overrides(row.overrides))
+        logs = str(stderr if stderr.exists() else output_dir)
+        self.summary.pruned_job(
+            Unfinished(row.job_num, label, "pruned", pruned_reason(epoch), logs)
+        )
+        if not self.in_stream:
+            self.write_summary(console=False)
+
     @property
     def idle_slots(self) -> int:
         return self.executor.idle_slots
@@ -403,10 +421,11 @@ class LaunchSession:
         self._did_not_finish(job, job_return)
         return job_return
 
-    def write_summary(self) -> None:
+    def write_summary(self, console: bool = True) -> None:
         """The summary: on the console, and as summary.md in the sweep dir."""
         snap = self.tally.snapshot()
-        log.info(self.summary.text(snap.elapsed_s, snap.best))
+        if console:
+            log.info(self.summary.text(snap.elapsed_s, snap.best))
         text = self.summary.markdown(snap.elapsed_s, snap.best).encode()
         atomic_write_bytes(self.recorder.sweep.summary, text, durable=False)
 
@@ -495,8 +514,10 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     session.refresh_context()
     session.submitted = session.skipped = session.skipped_stale = session.elsewhere = 0
     session.view.start()
+    session.in_stream = True
     try:
         yield
+        session.in_stream = False
         session.view.stop()
         session.recorder.flush()
         session.summary.pruned(session.tally.snapshot().pruned)
@@ -545,6 +566,8 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     except BaseException:
         session.close(interrupted=True)
         raise
+    finally:
+        session.in_stream = False
 
 
 def task_overrides(overrides: Sequence[str]) -> list[str]:

@@ -97,6 +97,11 @@ class StreamingLauncher(Protocol):
         submit, its best result so far (as it words it), how many trials it pruned."""
         ...
 
+    def job_pruned(self, key: str, epoch: int | None) -> None:
+        """The job submitted under ``key`` (handed back) was a trial the sweeper pruned at
+        ``epoch``: the sweep's summary names it so."""
+        ...
+
     def config_files_changed(self) -> None:
         """Compose jobs submitted from now on from the config files as they are now."""
         ...

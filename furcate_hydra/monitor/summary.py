@@ -1,5 +1,5 @@
 """The end-of-sweep summary: counts per outcome, one row per job that did not finish (with its
-one-line reason and where its logs are), the return
+one-line reason and where its logs are; a pruned trial's says at which epoch), the return
 values' extremes, and the highest memory any job's resource trace reached.
 
 Only jobs that did not finish are kept, one short row each, so a sweep of a million jobs that
@@ -36,7 +36,8 @@ class Unfinished:
 
     num: int
     label: str
-    # failed (raised, exited), crashed (a signal), killed, preempted (too often), not started
+    # failed (raised, exited), crashed (a signal), killed, preempted (too often), not started,
+    # pruned (its trial, by the sweeper)
     outcome: str
     reason: str
     logs: str
@@ -74,8 +75,16 @@ class SweepSummary:
         self.preemptions += 1
 
     def pruned(self, count: int) -> None:
-        """Trials the sweeper pruned: their jobs ended early but normally (among finished)."""
-        self.counts["pruned"] = count
+        """Trials the sweeper pruned: their jobs ended early but normally (among finished).
+        No fewer than the pruned jobs named by ``pruned_job``."""
+        named = sum(1 for row in self.unfinished if row.outcome == "pruned")
+        self.counts["pruned"] = max(count, named)
+
+    def pruned_job(self, row: Unfinished) -> None:
+        """A job whose trial the sweeper pruned: a row of its own (it is counted among the
+        finished, and in ``pruned``'s count)."""
+        self.unfinished.append(row)
+        self.pruned(self.counts["pruned"])
 
     def peaks(self, num: int, rss_mb: float | None, gpu_mem_mb: float | None) -> None:
         """A traced job's peaks: the summary names the highest of each over the sweep."""

@@ -102,6 +102,9 @@ class FurcateLauncher(Launcher):
     ) -> None:
         self.session().sweep_status(to_come, best, pruned)
 
+    def job_pruned(self, key: str, epoch: int | None) -> None:
+        self.session().job_pruned(key, epoch)
+
     def config_files_changed(self) -> None:
         if self._composer is not None:
             self._composer.forget()

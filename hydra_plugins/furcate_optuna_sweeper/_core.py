@@ -291,6 +291,9 @@ class StudySweep:
         else:
             attrs = storage.get_trial(trial._trial_id).system_attrs
             pruned = env_vars.PRUNED_AT_EPOCH_ATTR in attrs
+            if pruned and self.streaming is not None:  # ran here: the summary names its epoch
+                epoch = attrs[env_vars.PRUNED_AT_EPOCH_ATTR]
+                self.streaming.job_pruned(key, epoch if isinstance(epoch, int) else None)
         outcome = read_outcome(job_return, self.options.directions, job.label, pruned)
         if run_id is not None:
             trial.set_user_attr(Attrs.MLFLOW_RUN, run_id)

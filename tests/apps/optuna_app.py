@@ -2,11 +2,13 @@
 
 Records what its job saw (``probe.json``, as the probe app does). Job ``slow_job`` sleeps
 ``slow_s`` instead of ``sleep``, so a test can hold one slot busy while others turn over.
-``returns`` picks how many values come back; ``mode=raise`` fails the job.
+``returns`` picks how many values come back; ``mode=raise`` fails the job; ``+prune_at=N``
+marks the job's trial pruned at epoch N, as ``fit``'s pruning callback does.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -14,6 +16,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from probe_app import record  # type: ignore[import-not-found]  # a sibling script
+
+from furcate_hydra import env_vars
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="optuna")
@@ -23,12 +27,28 @@ def main(cfg: DictConfig) -> Any:
     record(cfg)
     if cfg.mode == "raise":
         raise ValueError("the task raised on purpose")
+    if cfg.get("prune_at") is not None:
+        prune(int(cfg.prune_at))
     value = (float(cfg.x) - 1.0) ** 2 + float(cfg.y) ** 2
     if cfg.returns == 2:
         return value, -value
     if cfg.returns == "none":
         return None
     return value
+
+
+def prune(epoch: int) -> None:
+    """What the pruning callback leaves when the pruner stops the trial at ``epoch``: a value
+    reported per epoch, and the epoch it stopped at on the trial."""
+    from furcate_hydra.tuning.storage import rdb_storage
+
+    storage = rdb_storage(os.environ[env_vars.OPTUNA_STORAGE], create_tables=False)
+    study = storage.get_study_id_from_name(os.environ[env_vars.OPTUNA_STUDY])
+    number = int(os.environ[env_vars.OPTUNA_TRIAL_NUMBER])
+    trial = storage.get_trial_id_from_study_id_trial_number(study, number)
+    for step in range(epoch + 1):
+        storage.set_trial_intermediate_value(trial, step, 1.0)
+    storage.set_trial_system_attr(trial, env_vars.PRUNED_AT_EPOCH_ATTR, epoch)
 
 
 if __name__ == "__main__":
