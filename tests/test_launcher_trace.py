@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from furcate_hydra.cli.main import main
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.store import Tags
 from furcate_hydra.tracing.samples import read_trace
@@ -24,7 +25,7 @@ HELD_MB = 200
 
 
 def test_a_job_holding_memory_is_traced_to_it_and_a_killed_one_up_to_its_death(
-    tmp_path: Path, mlflow_store: str
+    tmp_path: Path, mlflow_store: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -71,6 +72,21 @@ def test_a_job_holding_memory_is_traced_to_it_and_a_killed_one_up_to_its_death(
     assert said is not None and said.group(0) in (sweep / "summary.md").read_text()
     assert abs(int(said.group(1).replace(",", "")) - max(peaks.values())) <= 1  # MiB, rounded
     assert peaks[int(said.group(2))] == pytest.approx(max(peaks.values()), abs=0.1)
+
+    # furcate status shows each job's peaks; furcate report the highest of each metric
+    capsys.readouterr()
+    assert main(["status", str(sweep), "--json"]) == 0
+    jobs = json.loads(capsys.readouterr().out)["jobs"]
+    assert [(job["rss_peak_mb"], job["gpu_mem_peak_mb"]) for job in jobs] == [
+        (peaks[0], None),
+        (peaks[1], None),
+    ]
+    assert main(["status", str(sweep)]) == 0
+    table = capsys.readouterr().out
+    assert "peak MiB" in table and re.search(rf" {peaks[0]:,.0f} +mode=hold \+hold_mb", table)
+    assert main(["report", str(sweep)]) == 0
+    page = (sweep / "report" / "report.html").read_text()
+    assert "peak job/rss_mb" in page and "no trace recorded" not in page
 
 
 def test_an_interval_of_zero_traces_nothing(

@@ -93,6 +93,8 @@ def job_json(job: JobSnapshot) -> dict[str, Any]:
         "run_id": job.run_id,
         "output_dir": job.output_dir,
         "resumed": job.resumed,
+        "rss_peak_mb": job.rss_peak_mb,
+        "gpu_mem_peak_mb": job.gpu_mem_peak_mb,
         "progress": None
         if progress is None
         else {"epoch": progress.epoch, "step": progress.step, "at": iso_time(progress.at)},

@@ -1,4 +1,5 @@
-"""``furcate status [SWEEP_DIR] [--json]``: each job's state, and why the failed ones failed.
+"""``furcate status [SWEEP_DIR] [--json]``: each job's state, why the failed ones failed, and
+the peak memory of those the launcher traced.
 
 sweep dir ──► SweepReader ──► SweepSnapshot ──► a table for people, or one JSON object:
     {"sweep": {...}, "counts": {"FINISHED": 3, ...}, "jobs": [{"job_num": 0, ...}, ...]}
@@ -61,7 +62,7 @@ def _heading(snapshot: SweepSnapshot) -> str:
 
 
 def _table(jobs: Sequence[JobSnapshot], width: int) -> str:
-    header = ("job", "status", "started", "duration", "return", "overrides / reason")
+    header = ("job", "status", "started", "duration", "return", "peak MiB", "overrides / reason")
     rows = [header] + [
         (
             str(job.job_num),
@@ -69,6 +70,7 @@ def _table(jobs: Sequence[JobSnapshot], width: int) -> str:
             format_time(job.start)[11:] if job.start else "",
             format_duration(job.duration_s),
             format_value(job.return_value, 16),
+            _peaks(job),
             _last_column(job),
         )
         for job in jobs
@@ -83,6 +85,16 @@ def _table(jobs: Sequence[JobSnapshot], width: int) -> str:
         line = "  ".join([*cells, row[-1]])
         lines.append(line if len(line) <= width else line[: width - 1] + "…")
     return "\n".join(lines) + "\n"
+
+
+def _peaks(job: JobSnapshot) -> str:
+    """The resource trace's peaks: resident memory, and GPU memory on a GPU slot."""
+    if job.rss_peak_mb is None:
+        return ""
+    text = f"{job.rss_peak_mb:,.0f}"
+    if job.gpu_mem_peak_mb is not None:
+        text += f" (GPU {job.gpu_mem_peak_mb:,.0f})"
+    return text
 
 
 def _last_column(job: JobSnapshot) -> str:

@@ -63,6 +63,8 @@ class JobSnapshot:
         output_dir: Its job dir.
         resumed: Whether its run continues an interrupted one.
         progress: The epoch and step a running job last reported (``progress.json``).
+        rss_peak_mb: The highest resident memory of its processes (MiB) in the launcher's
+            resource trace, once it ended; ``gpu_mem_peak_mb`` the GPU memory they held.
     """
 
     job_num: int
@@ -77,6 +79,8 @@ class JobSnapshot:
     output_dir: str | None = None
     resumed: bool = False
     progress: JobProgress | None = None
+    rss_peak_mb: float | None = None
+    gpu_mem_peak_mb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,8 @@ class FileRow:
     resumed: bool
     metrics: dict[str, float]
     pid: int | None = None
+    rss_peak_mb: float | None = None
+    gpu_mem_peak_mb: float | None = None
 
     @classmethod
     def read(cls, path: Path) -> FileRow | None:
@@ -162,6 +168,8 @@ class FileRow:
                 resumed=bool(data.get("resumed", False)),
                 metrics={str(k): float(v) for k, v in dict(data.get("metrics") or {}).items()},
                 pid=int(data["pid"]) if data.get("pid") else None,
+                rss_peak_mb=_float(data.get("rss_peak_mb")),
+                gpu_mem_peak_mb=_float(data.get("gpu_mem_peak_mb")),
             )
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -259,6 +267,8 @@ def _from_run(
         run_id=record.run_id,
         output_dir=tags.get(Tags.OUTPUT_DIR) or (row.output_dir if row else None),
         resumed=int(tags.get(Tags.RESUMED, "0") or 0) > 0,
+        rss_peak_mb=row.rss_peak_mb if row else None,
+        gpu_mem_peak_mb=row.gpu_mem_peak_mb if row else None,
     )
 
 
@@ -290,6 +300,8 @@ def _from_row(
         run_id=row.run_id,
         output_dir=row.output_dir,
         resumed=row.resumed,
+        rss_peak_mb=row.rss_peak_mb,
+        gpu_mem_peak_mb=row.gpu_mem_peak_mb,
     )
 
 
