@@ -21,6 +21,7 @@ class TraceLog:
     def __init__(self, tracking_uri: str) -> None:
         from mlflow.tracking import MlflowClient
 
+        self._tracking_uri = tracking_uri
         self._client = MlflowClient(tracking_uri)
 
     def log_metrics(
@@ -39,5 +40,10 @@ class TraceLog:
 
     def log_files(self, run_id: str, files: Sequence[tuple[Path, str | None]]) -> None:
         """Upload each file into the run's artifacts, in the folder named beside it."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        # MlflowClient.log_artifact looks the run up again for every file
+        uri = self._client.get_run(run_id).info.artifact_uri
+        repository = get_artifact_repository(uri, tracking_uri=self._tracking_uri)
         for path, folder in files:
-            self._client.log_artifact(run_id, str(path), folder)
+            repository.log_artifact(str(path), folder)  # type: ignore[no-untyped-call]

@@ -107,6 +107,11 @@ class ResourceTracer:
         self._thread = threading.Thread(target=self._run, name="furcate-trace", daemon=True)
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The tracer thread's id as the kernel knows it (to measure its CPU time)."""
+        return self._thread.native_id
+
     # -- the owner's thread --------------------------------------------------------------
 
     def start(
