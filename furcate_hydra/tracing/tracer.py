@@ -25,7 +25,7 @@ from typing import Protocol
 
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.tracing.gpu import GpuUsage, NvmlSampler
-from furcate_hydra.tracing.plot import plot_trace
+from furcate_hydra.tracing.plot import TracePlotter
 from furcate_hydra.tracing.process_tree import MIB, TreeUsage, tree_usage
 from furcate_hydra.tracing.samples import TracePeaks, TraceSample, append_sample, read_trace
 
@@ -104,6 +104,7 @@ class ResourceTracer:
         self._ended: list[_Job] = []
         self._closing = False
         self._sink_failed: set[str] = set()  # runs already warned about
+        self._plotter = TracePlotter()  # the tracer thread's own
         self._thread = threading.Thread(target=self._run, name="furcate-trace", daemon=True)
         self._thread.start()
 
@@ -243,7 +244,7 @@ class ResourceTracer:
         files: list[tuple[Path, str | None]] = [(job.paths.trace, None)]
         if job.peaks.samples >= 2:  # a single point is no curve
             try:
-                plot_trace(read_trace(job.paths.trace), job.paths.trace_plot, job.title)
+                self._plotter.plot(read_trace(job.paths.trace), job.paths.trace_plot, job.title)
                 files.append((job.paths.trace_plot, JobPaths.PLOTS))
             except Exception as exc:  # a trace without its plot is still a trace
                 log.warning("furcate: could not plot the resource trace of %s: %s", job.title, exc)
