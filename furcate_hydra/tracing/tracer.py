@@ -16,6 +16,7 @@ job shorter than that has no trace.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -105,6 +106,9 @@ class ResourceTracer:
         self._closing = False
         self._sink_failed: set[str] = set()  # runs already warned about
         self._plotter = TracePlotter()  # the tracer thread's own
+        # when the thread, waiting, will wake by itself; None while it works (it looks at the
+        # jobs again before it waits)
+        self._asleep_until: float | None = None
         self._thread = threading.Thread(target=self._run, name="furcate-trace", daemon=True)
         self._thread.start()
 
@@ -145,7 +149,7 @@ class ResourceTracer:
             else:
                 job.pid, job.device, job.attempt = pid, device, job.attempt + 1
                 job.due, job.cpu_mark = started_at + self.interval_s, (0.0, started_at)
-            self._cond.notify()
+            self._wake_for(started_at + self.interval_s)
 
     def end(self, key: str) -> TracePeaks | None:
         """Stop tracing job ``key``; its peaks, or None when it had no sample (or no trace)."""
@@ -156,6 +160,13 @@ class ResourceTracer:
             self._ended.append(job)
             self._cond.notify()
             return job.peaks
+
+    def _wake_for(self, due: float) -> None:
+        """Wake the thread only if it would sleep past ``due``: waking it takes the GIL from
+        the owner's thread, which on a busy machine costs that thread milliseconds, and a
+        job shorter than the interval is never sampled anyway."""
+        if self._asleep_until is not None and due < self._asleep_until:
+            self._cond.notify()
 
     def close(self) -> None:
         """Stop sampling; send and draw what traced jobs left, then stop the thread."""
@@ -193,8 +204,10 @@ class ResourceTracer:
                 due = [job for job in self._jobs.values() if job.due <= now]
                 if due or self._ended or self._closing:
                     break
-                next_due = min((job.due for job in self._jobs.values()), default=None)
-                self._cond.wait(None if next_due is None else next_due - now)
+                next_due = min((job.due for job in self._jobs.values()), default=math.inf)
+                self._asleep_until = next_due
+                self._cond.wait(None if next_due == math.inf else next_due - now)
+                self._asleep_until = None
             for job in due:
                 # keep the cadence; after a stall, the next sample is a full interval away
                 job.due = max(job.due + self.interval_s, now + self.interval_s / 2)
