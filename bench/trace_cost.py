@@ -1,33 +1,42 @@
 """What the per-job resource trace costs a sweep: throughput with the trace on and off.
 
-The real launcher in this process (``harness.make_launcher``), 2 CPU slots, nothing preloaded,
-every job recorded in a fresh sqlite MLflow store, one ``launch`` of all jobs (Hydra's
-BasicSweeper default); the clock runs from the launcher call to the last result, the fork
-server and store opened before it. Two workloads:
+Two real launchers in this process (``harness.make_launcher``), one with
+``trace_interval_s=0.5`` (20 times the default's rate), one with ``0`` (off); each has 2 CPU
+slots, nothing preloaded, its own fresh sqlite MLflow store (every job recorded), its fork
+server and store opened before the clock. They take turns: a block of jobs through one
+launcher's ``launch`` (Hydra's BasicSweeper path), then a block through the other, in the order
+on-off, off-on, ...; so other work on the machine, which comes and goes within seconds here,
+falls on both alike. Two workloads:
 
-  trivial  200 jobs that return at once: the launcher's own cost per job is all there is, so
-           the trace's bookkeeping (a start and an end per job, the tracer thread waking for
-           the jobs it must sample) shows at its largest; most jobs end before their first
-           sample.
-  sampled  24 jobs that sleep 1.2 s: each is sampled twice at 0.5 s, so every job also costs
-           the tracer a trace.csv, a ``log_batch`` of its metrics, its plot and two artifact
-           uploads, on the tracer's thread, while the launcher hands out the next jobs.
+  trivial  jobs that return at once (blocks of 50, 200 per launcher per round): the launcher's
+           own cost per job is all there is, so the trace's bookkeeping (a start and an end per
+           job, its thread waking) shows at its largest; most jobs end before their first sample.
+  sampled  jobs that sleep 1.2 s (blocks of 8, 24 per launcher per round): each is sampled
+           twice, so every job also costs the tracer a trace.csv, a ``log_batch`` of its
+           metrics, its plot and the upload of both files, on the tracer's thread, while the
+           launcher hands out the next jobs.
 
-The trace runs at ``trace_interval_s=0.5`` (20 times the default's rate) against ``0`` (off).
-Rounds pair the two, taking turns going first, so a machine that speeds up or slows down during
-a round favours neither; the result is the median over rounds of on ÷ off. Others' CPU share
-(``harness.OthersCpu``) says how busy the machine was with other work meanwhile.
+Per round and workload: jobs/s of each launcher over its blocks and their ratio (on ÷ off); the
+result is the median over rounds. CPU per job: the launcher's main thread, the tracer's thread,
+the fork server and jobs; others' CPU share (``harness.OthersCpu``) says how busy the machine
+was with other work meanwhile.
 
-Run: ``python bench/trace_cost.py`` (~4 min: 4 rounds) writes bench/results/trace_cost.json.
+``--aa`` runs the same with neither launcher tracing (an A/A comparison): how far the ratio
+strays when there is nothing to find, on this machine at that time.
+
+Run: ``python bench/trace_cost.py`` (~7 min: 4 rounds) writes bench/results/trace_cost.json;
+``python bench/trace_cost.py --aa --workloads trivial`` (~3 min) trace_cost_aa.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +54,18 @@ from bench.harness import (
     task_value,
 )
 from furcate_hydra.layout import JobPaths
+from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 SLOTS = 2
-TRACE_ON = "hydra.launcher.trace_interval_s=0.5"
-TRACE_OFF = "hydra.launcher.trace_interval_s=0"
+ON_S = 0.5
 LAUNCHER_OVERRIDES = [
     "hydra/launcher=furcate",
     f"hydra.launcher.max_workers={SLOTS}",
     "hydra.launcher.preload=[]",
     "hydra.launcher.progress=off",
 ]
-# name: (jobs, seconds each job sleeps)
-WORKLOADS = {"trivial": (200, 0.0), "sampled": (24, 1.2)}
+# name: (jobs per block, blocks per launcher per round, seconds each job sleeps)
+WORKLOADS = {"trivial": (50, 4, 0.0), "sampled": (8, 3, 1.2)}
 
 
 def task(cfg: DictConfig) -> int:
@@ -66,56 +75,94 @@ def task(cfg: DictConfig) -> int:
     return int(cfg.x)
 
 
-def run_variant(workload: str, trace: bool) -> dict[str, Any]:
-    """One fresh launcher and store, warm before the clock starts."""
-    count, sleep = WORKLOADS[workload]
+@dataclass
+class Variant:
+    """One launcher of a round and what its blocks took."""
+
+    trace: bool
+    launcher: FurcateLauncher
+    sweep: Path
+    jobs: int = 0
+    wall_s: float = 0.0
+    main_cpu_s: float = 0.0
+    tracer_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    others: list[float] = field(default_factory=list)
+
+
+def run_round(workload: str, aa: bool = False) -> dict[str, Any]:
+    """Fresh launchers (trace on and off), warm, then their blocks in turns. ``aa``: the
+    "on" launcher traces nothing either, which shows how far two equal launchers differ."""
+    size, blocks, sleep = WORKLOADS[workload]
     load, probe = round(os.getloadavg()[0], 2), speed_probe()
     with tempfile.TemporaryDirectory(prefix="furcate-bench-") as tmp:
-        store = f"hydra.launcher.mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"
-        overrides = [*LAUNCHER_OVERRIDES, store, TRACE_ON if trace else TRACE_OFF]
-        sweep = Path(tmp) / "sweep"
-        launcher = as_furcate(make_launcher(task, overrides, sweep))
+        variants = [_variant(Path(tmp), trace, aa) for trace in (True, False)]
         try:
-            session = launcher.session()  # the fork server and the store, before the clock
-            me = psutil.Process()
-            server = psutil.Process(local_pool(session).server_pid)
-            own_cpu, server_cpu = _cpu(me), _cpu(server)
-            others = OthersCpu()
-            began = time.perf_counter()
-            returns = launcher.launch([[f"+x={i}", f"+sleep={sleep}"] for i in range(count)], 0)
-            wall = time.perf_counter() - began
-            own_cpu, server_cpu = _cpu(me) - own_cpu, _cpu(server) - server_cpu
-            tracer = session.tracer
-            tracer_cpu = _thread_cpu(me, tracer.thread_id if tracer is not None else None)
-            others_share = others.share(own_cpu + server_cpu)
-            for job_return in returns:
-                task_value(job_return)
-            closing = time.perf_counter()
+            next_x = 0
+            for block in range(2 * blocks):
+                # on, off, off, on, on, off, ...: neither always goes first
+                variant = variants[(block + block // 2) % 2]
+                _run_block(variant, [[f"+x={next_x + i}", f"+sleep={sleep}"] for i in range(size)])
+                next_x += size
         finally:
-            launcher.close()
-        close_s = time.perf_counter() - closing
-        traced = [JobPaths.of(sweep / str(i)) for i in range(count)]
-        traces = sum(paths.trace.exists() for paths in traced)
-        plots = sum(paths.trace_plot.exists() for paths in traced)
-    return {
-        "workload": workload,
-        "trace": trace,
-        "jobs": count,
-        "sleep_s": sleep,
-        "loadavg_1m_at_start": load,
-        "speed_probe": probe,
-        "others_cpu_share": others_share,
-        "wall_s": round(wall, 3),
-        "jobs_per_s": round(count / wall, 2),
-        "launcher_cpu_ms_per_job": round(own_cpu * 1000 / count, 2),
-        "tracer_thread_cpu_ms_per_job": None
-        if tracer_cpu is None
-        else round(tracer_cpu * 1000 / count, 2),
-        "fork_server_and_jobs_cpu_ms_per_job": round(server_cpu * 1000 / count, 2),
-        "jobs_with_trace_csv": traces,
-        "jobs_with_plot": plots,
-        "close_s": round(close_s, 3),
-    }
+            for variant in variants:
+                variant.launcher.close()
+        counted = [_files(v.sweep, v.jobs) for v in variants]
+    row: dict[str, Any] = {"workload": workload, "loadavg_1m_at_start": load, "speed_probe": probe}
+    for variant, (traces, plots) in zip(variants, counted, strict=True):
+        row["on" if variant.trace else "off"] = {
+            "jobs": variant.jobs,
+            "wall_s": round(variant.wall_s, 3),
+            "jobs_per_s": round(variant.jobs / variant.wall_s, 2),
+            "main_thread_cpu_ms_per_job": _ms(variant.main_cpu_s, variant.jobs),
+            "tracer_thread_cpu_ms_per_job": _ms(variant.tracer_cpu_s, variant.jobs),
+            "fork_server_and_jobs_cpu_ms_per_job": _ms(variant.server_cpu_s, variant.jobs),
+            "others_cpu_share": round(statistics.mean(variant.others), 3),
+            "jobs_with_trace_csv": traces,
+            "jobs_with_plot": plots,
+        }
+    row["ratio_on_off"] = round(row["on"]["jobs_per_s"] / row["off"]["jobs_per_s"], 3)
+    return row
+
+
+def _variant(tmp: Path, trace: bool, aa: bool) -> Variant:
+    name = "on" if trace else "off"
+    overrides = [
+        *LAUNCHER_OVERRIDES,
+        f"hydra.launcher.mlflow.tracking_uri=sqlite:///{tmp}/mlflow-{name}.db",
+        f"hydra.launcher.trace_interval_s={ON_S if trace and not aa else 0}",
+    ]
+    sweep = tmp / name
+    launcher = as_furcate(make_launcher(task, overrides, sweep))
+    launcher.session()  # the fork server and the store, before the clock
+    return Variant(trace, launcher, sweep)
+
+
+def _run_block(variant: Variant, overrides: list[list[str]]) -> None:
+    session = variant.launcher.session()
+    me, server = psutil.Process(), psutil.Process(local_pool(session).server_pid)
+    tracer = session.tracer
+    tracer_id = tracer.thread_id if tracer is not None else None
+    process_cpu, server_cpu = _cpu(me), _cpu(server)
+    tracer_cpu, main_cpu = _thread_cpu(me, tracer_id), time.thread_time()
+    others = OthersCpu()
+    began = time.perf_counter()
+    returns = variant.launcher.launch(overrides, variant.jobs)
+    variant.wall_s += time.perf_counter() - began
+    variant.main_cpu_s += time.thread_time() - main_cpu
+    variant.tracer_cpu_s += _thread_cpu(me, tracer_id) - tracer_cpu
+    server_cpu = _cpu(server) - server_cpu
+    variant.server_cpu_s += server_cpu
+    variant.others.append(others.share(_cpu(me) - process_cpu + server_cpu))
+    variant.jobs += len(returns)
+    for job_return in returns:
+        task_value(job_return)
+
+
+def _files(sweep: Path, count: int) -> tuple[int, int]:
+    """Job dirs with a trace.csv, and with its plot."""
+    paths = [JobPaths.of(sweep / str(num)) for num in range(count)]
+    return sum(p.trace.exists() for p in paths), sum(p.trace_plot.exists() for p in paths)
 
 
 def _cpu(process: psutil.Process) -> float:
@@ -124,55 +171,61 @@ def _cpu(process: psutil.Process) -> float:
     return float(times.user + times.system + times.children_user + times.children_system)
 
 
-def _thread_cpu(process: psutil.Process, tid: int | None) -> float | None:
-    for thread in process.threads() if tid is not None else []:
-        if thread.id == tid:
-            return float(thread.user_time + thread.system_time)
-    return None
+def _thread_cpu(process: psutil.Process, tid: int | None) -> float:
+    with contextlib.suppress(psutil.Error):
+        for thread in process.threads() if tid is not None else []:
+            if thread.id == tid:
+                return float(thread.user_time + thread.system_time)
+    return 0.0
+
+
+def _ms(seconds: float, jobs: int) -> float:
+    return round(seconds * 1000 / max(jobs, 1), 2)
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    runs: list[dict[str, Any]] = []
+    rounds: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
-        for workload in WORKLOADS:
-            for trace in (True, False) if round_ % 2 == 0 else (False, True):
-                run = run_variant(workload, trace)
-                run["round"] = round_
-                print(
-                    f"round {round_} {workload:<7} trace {'on ' if trace else 'off'}: "
-                    f"{run['jobs_per_s']:6.2f} jobs/s, launcher CPU "
-                    f"{run['launcher_cpu_ms_per_job']:.1f} ms/job (tracer thread "
-                    f"{run['tracer_thread_cpu_ms_per_job']}), traces {run['jobs_with_trace_csv']}, "
-                    f"plots {run['jobs_with_plot']} (load {run['loadavg_1m_at_start']}, "
-                    f"others' CPU {run['others_cpu_share']:.0%})"
-                )
-                runs.append(run)
-    return {"slots": SLOTS, "summary": summary(runs), "runs": runs}
+        for workload in args.workloads:
+            row = run_round(workload, args.aa)
+            row["round"] = round_
+            on, off = row["on"], row["off"]
+            print(
+                f"round {round_} {workload:<7} on {on['jobs_per_s']:6.2f} jobs/s, off "
+                f"{off['jobs_per_s']:6.2f}: {row['ratio_on_off']:.3f}; main thread "
+                f"{on['main_thread_cpu_ms_per_job']} vs {off['main_thread_cpu_ms_per_job']} "
+                f"ms/job, tracer {on['tracer_thread_cpu_ms_per_job']} ms/job; traces "
+                f"{on['jobs_with_trace_csv']}, plots {on['jobs_with_plot']} (others' CPU "
+                f"{on['others_cpu_share']:.0%} / {off['others_cpu_share']:.0%})"
+            )
+            rounds.append(row)
+    return {
+        "slots": SLOTS,
+        "trace_interval_s_on": 0 if args.aa else ON_S,
+        "summary": summary(rounds, args.workloads),
+        "rounds": rounds,
+    }
 
 
-def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per workload: medians of jobs/s on and off, and of the ratio paired within a round."""
+def summary(rounds: list[dict[str, Any]], workloads: list[str]) -> dict[str, Any]:
+    """Per workload, medians over rounds."""
     result: dict[str, Any] = {}
-    for workload in WORKLOADS:
-        mine = [run for run in runs if run["workload"] == workload]
-        on = {run["round"]: run for run in mine if run["trace"]}
-        off = {run["round"]: run for run in mine if not run["trace"]}
-        ratios = [on[r]["jobs_per_s"] / off[r]["jobs_per_s"] for r in sorted(on)]
+    for workload in workloads:
+        mine = [row for row in rounds if row["workload"] == workload]
+
+        def median(side: str, key: str, rows: list[dict[str, Any]] = mine) -> float:
+            return round(float(statistics.median(row[side][key] for row in rows)), 3)
+
         result[workload] = {
-            "median_jobs_per_s_on": statistics.median(run["jobs_per_s"] for run in on.values()),
-            "median_jobs_per_s_off": statistics.median(run["jobs_per_s"] for run in off.values()),
-            "ratio_on_off_per_round": [round(ratio, 3) for ratio in ratios],
-            "median_ratio_on_off": round(statistics.median(ratios), 3),
-            "median_launcher_cpu_ms_per_job_on": statistics.median(
-                run["launcher_cpu_ms_per_job"] for run in on.values()
-            ),
-            "median_launcher_cpu_ms_per_job_off": statistics.median(
-                run["launcher_cpu_ms_per_job"] for run in off.values()
-            ),
-            "median_tracer_thread_cpu_ms_per_job": statistics.median(
-                run["tracer_thread_cpu_ms_per_job"] or 0.0 for run in on.values()
-            ),
-            "median_others_cpu_share": statistics.median(run["others_cpu_share"] for run in mine),
+            "ratio_on_off_per_round": [row["ratio_on_off"] for row in mine],
+            "median_ratio_on_off": statistics.median(row["ratio_on_off"] for row in mine),
+            "median_jobs_per_s_on": median("on", "jobs_per_s"),
+            "median_jobs_per_s_off": median("off", "jobs_per_s"),
+            "median_main_thread_cpu_ms_per_job_on": median("on", "main_thread_cpu_ms_per_job"),
+            "median_main_thread_cpu_ms_per_job_off": median("off", "main_thread_cpu_ms_per_job"),
+            "median_tracer_thread_cpu_ms_per_job": median("on", "tracer_thread_cpu_ms_per_job"),
+            "median_others_cpu_share_on": median("on", "others_cpu_share"),
+            "median_others_cpu_share_off": median("off", "others_cpu_share"),
         }
     return result
 
@@ -180,22 +233,26 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def show(figures: dict[str, Any]) -> None:
     for workload, row in figures["summary"].items():
         print(
-            f"{workload:<7} on {row['median_jobs_per_s_on']:.2f} jobs/s, off "
-            f"{row['median_jobs_per_s_off']:.2f}: on/off {row['median_ratio_on_off']} "
-            f"(rounds {row['ratio_on_off_per_round']}); launcher CPU "
-            f"{row['median_launcher_cpu_ms_per_job_on']} vs "
-            f"{row['median_launcher_cpu_ms_per_job_off']} ms/job, tracer thread "
+            f"{workload:<7} on {row['median_jobs_per_s_on']} jobs/s, off "
+            f"{row['median_jobs_per_s_off']}: on/off {row['median_ratio_on_off']} (rounds "
+            f"{row['ratio_on_off_per_round']}); main thread "
+            f"{row['median_main_thread_cpu_ms_per_job_on']} vs "
+            f"{row['median_main_thread_cpu_ms_per_job_off']} ms/job, tracer thread "
             f"{row['median_tracer_thread_cpu_ms_per_job']} ms/job; others' CPU "
-            f"{row['median_others_cpu_share']:.0%}"
+            f"{row['median_others_cpu_share_on']:.0%} / {row['median_others_cpu_share_off']:.0%}"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--rounds", type=int, default=4, help="paired rounds of on and off")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of both workloads")
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument(
+        "--aa", action="store_true", help="both launchers untraced: the noise of the comparison"
+    )
     args = parser.parse_args()
     at_start = machine()
-    publish("trace_cost", at_start, bench(args), show)
+    publish("trace_cost_aa" if args.aa else "trace_cost", at_start, bench(args), show)
 
 
 if __name__ == "__main__":
