@@ -21,6 +21,8 @@
         trace.csv                   the launcher's samples of the job's memory and CPU (and
                                     GPU), drawn in plots/resource_trace.png when it ends
         progress.json               where a running job's training is (``fit`` writes it)
+        tracemalloc.txt             ``fit(tracemalloc_top=N)``: the top-N allocation growths
+                                    of each epoch
         final.ckpt                  the last checkpoint, linked where it outlives pruning
 
 The launcher, the slot pool, the job side (``JobEnv``) and anything reading a sweep later take
@@ -59,6 +61,7 @@ class JobPaths:
     HISTORY = "history.json"
     PROGRESS = "progress.json"
     TRACE = "trace.csv"
+    TRACEMALLOC = "tracemalloc.txt"
     TRACE_PLOT = "resource_trace.png"
     FINAL_CHECKPOINT = "final.ckpt"
     CHECKPOINT_POINTER = "last.json"
@@ -95,6 +98,10 @@ class JobPaths:
     @property
     def trace(self) -> Path:
         return self.output_dir / self.TRACE
+
+    @property
+    def tracemalloc(self) -> Path:
+        return self.output_dir / self.TRACEMALLOC
 
     @property
     def trace_plot(self) -> Path:

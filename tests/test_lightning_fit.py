@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,3 +183,34 @@ def test_job_env_reads_os_environ_at_call_time(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv(env_vars.TRACKING_URI, "sqlite:////tmp/x.db")
     monkeypatch.setenv(env_vars.RUN_ID, "r1")
     assert JobEnv.from_environ().run_id == "r1"
+
+
+def test_tracemalloc_top_writes_each_epochs_growth(tmp_path: Path) -> None:
+    import tracemalloc
+
+    from furcate_hydra.lightning import fit
+    from tests.lightning_helpers import OPTIONS, TinyModule, loaders, run_fit, standalone_env
+
+    env = standalone_env(tmp_path)
+    options = {**OPTIONS, "max_epochs": 2}
+    fit(TinyModule(), **loaders(), trainer_options=options, env=env, tracemalloc_top=3)
+    text = env.paths.tracemalloc.read_text()
+    epochs = [block for block in text.split("\n\n") if block.strip()]
+    assert [block.split(":")[0] for block in epochs] == ["epoch 0", "epoch 1"]
+    for block in epochs:
+        header, *lines = block.splitlines()
+        assert "Python memory traced" in header and "grew most since the" in header
+        assert 1 <= len(lines) <= 3 and all(re.search(r"size=.*count=", line) for line in lines)
+    assert not tracemalloc.is_tracing()  # stopped by fit, which started it
+    run_fit(standalone_env(tmp_path / "off"), max_epochs=1)
+    assert not (tmp_path / "off" / "out" / "tracemalloc.txt").exists()  # off by default
+
+
+@pytest.mark.parametrize("top", [-1, True, 2.5, "10"])
+def test_a_bad_tracemalloc_top_names_the_value_and_the_fix(top: object, tmp_path: Path) -> None:
+    from furcate_hydra.lightning import JobEnv, fit
+    from tests.lightning_helpers import TinyModule, loaders
+
+    env = JobEnv(tmp_path, tmp_path / "checkpoints")
+    with pytest.raises(FurcateConfigError, match=r"fit\(tracemalloc_top\)=.*tracemalloc_top=10"):
+        fit(TinyModule(), **loaders(), env=env, tracemalloc_top=top)  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ from furcate_hydra.lightning._pointer import resume_point
 from furcate_hydra.lightning._preemption import PreemptionWatch
 from furcate_hydra.lightning._progress import ProgressFile
 from furcate_hydra.lightning._pruning import OptunaPruning
+from furcate_hydra.lightning._tracemalloc import TracemallocDiff, check_top
 from furcate_hydra.preemption import JobPreempted
 
 __all__ = ["CHECKPOINT_ARTIFACT_DIR", "FINAL_CHECKPOINT_NAME", "FitResult", "fit"]
@@ -80,6 +81,7 @@ def fit(
     trainer_options: Mapping[str, Any] | None = None,
     env: JobEnv | None = None,
     banners: bool = False,
+    tracemalloc_top: int = 0,
 ) -> FitResult:
     """Train ``model``, resuming from the run's last verified checkpoint if there is one.
 
@@ -111,18 +113,26 @@ def fit(
         banners: Let Lightning log its start-up lines (``GPU available: …``, ``TPU available:
             …``, ``💡 Tip: …``), which every job of a sweep prints alike; left out by default.
             Lightning's other messages and warnings are shown either way.
+        tracemalloc_top: With N > 0, Python's ``tracemalloc`` traces the job's allocations and
+            each training epoch's end appends the N source lines whose allocations grew most
+            since the last epoch to ``tracemalloc.txt`` in the output dir (furcate's option).
+            Tracing slows Python code down several times: for finding a leak, not for sweeps.
 
     Returns:
         A :class:`FitResult`.
 
     Raises:
-        FurcateConfigError: ``trainer_options`` sets something ``fit`` owns.
+        FurcateConfigError: ``trainer_options`` sets something ``fit`` owns, or
+            ``tracemalloc_top`` is no count.
         JobPreempted: SIGTERM or SIGUSR1 came while training; the checkpoint it saved is where
             the next attempt resumes.
     """
+    top = check_top(tracemalloc_top)
     env = env if env is not None else JobEnv.from_environ()
     options = _trainer_options(trainer_options, env)
     user_callbacks = options.pop("callbacks")
+    if top:
+        user_callbacks.append(TracemallocDiff(env.paths.tracemalloc, top))
     history = MetricsHistory(env.output_dir)
     every_n, every_s = env.checkpoint_every_n_steps, env.checkpoint_every_s
     # time checkpoints are on by default under the launcher: only asked-for step ones warn
