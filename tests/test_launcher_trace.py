@@ -104,12 +104,14 @@ def test_an_interval_of_zero_traces_nothing(
     assert not MlflowClient(mlflow_store).get_run(run.info.run_id).data.metrics
 
 
-def test_a_bad_interval_stops_the_sweep_before_any_job(tmp_path: Path) -> None:
-    result = run_probe_sweep(tmp_path, "+i=1,2", "hydra.launcher.trace_interval_s=-1")
+@pytest.mark.parametrize("value", ["-1", "ten"])
+def test_a_bad_interval_stops_the_sweep_before_any_job(tmp_path: Path, value: str) -> None:
+    result = run_probe_sweep(tmp_path, "+i=1,2", f"hydra.launcher.trace_interval_s={value}")
     assert result.returncode != 0
+    shown = "-1" if value == "-1" else "'ten'"
     assert (
-        "Invalid hydra.launcher.trace_interval_s=-1.0: must be 0 (no resource trace) or a number "
-        "of seconds of at least 0.1 between samples. Fix: set e.g. "
+        f"Invalid hydra.launcher.trace_interval_s={shown}: must be 0 (no resource trace) or a "
+        "number of seconds of at least 0.1 between samples. Fix: set e.g. "
         "hydra.launcher.trace_interval_s=10, or =0 to trace nothing."
     ) in result.stderr
     assert not (tmp_path / "sweep" / "0").exists()

@@ -70,8 +70,9 @@ class FurcateLauncherConf:
     # seconds a stopped job gets between SIGTERM and SIGKILL
     stop_grace_s: float = 5.0
     # seconds between samples of each job's memory, CPU and GPU use (its trace.csv, job/...
-    # metrics in its run, peaks in run_data); 0 turns the trace off
-    trace_interval_s: float = 10.0
+    # metrics in its run, peaks in run_data); 0 turns the trace off (typed Any so that a bad
+    # value gets furcate's message)
+    trace_interval_s: Any = 10.0
     # the results store: every job a run, finished configs skipped, interrupted ones resumed
     mlflow: MlflowConf = field(default_factory=MlflowConf)
     # which recorded configs run again: failed (FAILED and KILLED), all, none
