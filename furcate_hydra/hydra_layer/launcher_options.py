@@ -7,7 +7,7 @@ launcher's config dataclass, the one place defaults live.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import ListConfig
@@ -18,6 +18,7 @@ from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
 from furcate_hydra.monitor.views import PROGRESS_MODES
+from furcate_hydra.ray_backend.options import Backend, RayOptions
 from furcate_hydra.store import CodeChange, Rerun
 
 __all__ = ["CheckpointOptions", "LauncherOptions", "ProgressOptions", "StoreOptions"]
@@ -126,6 +127,8 @@ class LauncherOptions:
     progress: ProgressOptions
     fail_fast: bool
     checkpoints: CheckpointOptions
+    backend: Backend = Backend.LOCAL
+    ray: RayOptions = field(default_factory=RayOptions)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
@@ -138,6 +141,8 @@ class LauncherOptions:
                 ProgressOptions.parse(options),
                 _flag(options, "fail_fast"),
                 CheckpointOptions.parse(options),
+                Backend.parse(options["backend"]),
+                RayOptions.parse(plain(options["ray"])),
             )
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None

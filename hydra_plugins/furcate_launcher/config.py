@@ -4,7 +4,7 @@
 # sys.modules, where dataclasses cannot resolve string annotations, and OmegaConf reads the
 # typing forms (Optional, List) to validate what users type.
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -27,8 +27,27 @@ class MlflowConf:
 
 
 @dataclass
+class RayConf:
+    # the cluster: auto (the one this machine belongs to), HOST:PORT of its head, or
+    # ray://HOST:PORT; unset: start a Ray instance on this machine
+    address: Optional[str] = None
+    # Ray namespace the slot actors live in (unset: an anonymous one)
+    namespace: Optional[str] = None
+    # Ray's runtime_env for the slot actors (working_dir, pip, env_vars, ...)
+    runtime_env: Dict[str, Any] = field(default_factory=dict)
+    # memory of one of the cluster's GPUs, for gpu_mem_per_job_gb (Ray does not report it)
+    gpu_memory_gb: Optional[float] = None
+    # seconds the slot actors (each importing preload once) may take to start
+    start_timeout_s: float = 600.0
+
+
+@dataclass
 class FurcateLauncherConf:
     _target_: str = "hydra_plugins.furcate_launcher.furcate_launcher.FurcateLauncher"
+    # where jobs run: local (this machine's GPUs) or ray (a Ray cluster's, see `ray`)
+    backend: str = "local"
+    # the Ray cluster, with backend=ray
+    ray: RayConf = field(default_factory=RayConf)
     # GPU ids (CUDA_VISIBLE_DEVICES values) to use; unset: CUDA_VISIBLE_DEVICES, else NVML
     gpus: Optional[Any] = None
     # jobs sharing one GPU at a time (default 1); exclusive with gpu_mem_per_job_gb
