@@ -90,10 +90,13 @@ class SlotActor:
     def where(self) -> NodeInfo:
         import ray
 
-        context = ray.get_runtime_context()
+        node_id = ray.get_runtime_context().get_node_id()
+        # The address the node joined the cluster with (``--node-ip-address``), as `ray status`
+        # names it, not the first address of the machine.
+        ips = [n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id]
         return NodeInfo(
-            node_id=context.get_node_id(),
-            ip=ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
+            node_id=node_id,
+            ip=ips[0] if ips else ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
             pid=os.getpid(),
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
             server_start_s=self._start_s,
