@@ -185,3 +185,22 @@ def test_ctrl_c_stops_every_remote_job(tmp_path: Path, cluster: Cluster, server:
     assert fork_servers(cluster) == [], "a job or fork server outlived the Ctrl-C"
     # the two running and the queued one, whose run was opened when it was submitted
     assert run_statuses(server, tmp_path.name) == ["KILLED"] * 3
+
+
+def test_the_optuna_sweeper_fills_ray_slots_on_a_ray_instance_of_its_own(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    """Without an address the launcher starts Ray here (no GPU: CPU slots), and a sqlite
+    study and store are fine: every node is this machine."""
+    done = run_cli(
+        APPS / "optuna_app.py",
+        *("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.backend=ray"),
+        *("hydra.launcher.gpus=null", "hydra.launcher.max_workers=2", "hydra.sweeper.n_trials=4"),
+        cwd=tmp_path,
+        env={**os.environ, **RAY_ENV},
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "2 Ray slots (no GPU, 1 CPU each) on 1 node of a Ray instance on this machine" in out
+    assert out.count("COMPLETE") == 4, out
+    assert out.count("Started a local Ray instance") == 1, "Ray was started again at exit"

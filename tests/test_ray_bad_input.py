@@ -93,3 +93,21 @@ def test_a_sqlite_store_on_a_cluster_stops_the_cli_before_any_job(
     assert f"Invalid MLFLOW_TRACKING_URI='{mlflow_store}'" in result.stderr, result.stderr
     assert "mlflow server" in result.stderr
     assert not list((tmp_path / "sweep").glob("*/probe.json"))
+
+
+def test_a_sqlite_optuna_storage_is_refused_on_a_cluster(tmp_path: Path) -> None:
+    from furcate_hydra.hydra_layer.backends import check_sweeper_storage
+    from furcate_hydra.hydra_layer.options import OptionError
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    launcher = {"backend": "ray", "ray": {"address": "10.0.0.1:6379"}}
+    with pytest.raises(OptionError) as raised:
+        check_sweeper_storage(launcher, "hydra.sweeper.storage", storage)
+    message = str(raised.value)
+    assert f"Invalid hydra.sweeper.storage='{storage}'" in message
+    assert "postgresql://" in message and "Fix:" in message
+    # the local backend, a Ray instance of this machine, or an RDB server: accepted
+    check_sweeper_storage({"backend": "local"}, "hydra.sweeper.storage", storage)
+    check_sweeper_storage({"backend": "ray", "ray": {}}, "hydra.sweeper.storage", storage)
+    server = "postgresql://user:pw@db.example/optuna"
+    check_sweeper_storage(launcher, "hydra.sweeper.storage", server)

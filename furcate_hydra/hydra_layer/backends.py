@@ -6,15 +6,20 @@ LauncherOptions.backend ── local ─► plan_slots (this machine)  ─► Lo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
-from furcate_hydra.ray_backend.options import Backend, check_store_reachable
+from furcate_hydra.hydra_layer.options import as_option_error
+from furcate_hydra.ray_backend.options import Backend, RayOptions, check_store_reachable
 from furcate_hydra.store import resolve_tracking_uri
 
-__all__ = ["plan_for", "start_executor"]
+__all__ = ["check_sweeper_storage", "plan_for", "start_executor"]
 
 
 def plan_for(options: LauncherOptions) -> SlotPlan:
@@ -49,3 +54,20 @@ def start_executor(
     return RayPool(
         plan, context, options.pool, import_ray(), options.ray.start_timeout_s, owns_ray=True
     )
+
+
+def check_sweeper_storage(launcher: Mapping[str, Any] | None, key: str, uri: str) -> None:
+    """Refuse a sweeper's storage (e.g. Optuna's) that the launcher's Ray nodes cannot reach.
+
+    ``launcher``: ``hydra.launcher`` as configured; another launcher than furcate's, or the
+    local backend, accepts any storage.
+
+    Raises:
+        OptionError: backend=ray with a cluster address, and ``uri`` a local file.
+    """
+    if not launcher or launcher.get("backend") != Backend.RAY.value:
+        return
+    try:
+        check_store_reachable(key, uri, RayOptions.parse(launcher.get("ray") or {}))
+    except FurcateConfigError as exc:
+        raise as_option_error(exc) from None

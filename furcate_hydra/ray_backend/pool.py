@@ -168,9 +168,13 @@ class RayPool:
         self._closed = True
         if self._running:
             log.warning("Stopping %d running job(s) on Ray", len(self._running))
+        if not self._ray.is_initialized():
+            # Ray's own atexit hook ran first and disconnected: the actors (owned by this
+            # driver) died with the connection, and any Ray call now would start a new
+            # local instance.
+            return
         grace = self.options.stop_grace_s
-        # Ray may be half shut down already (its own atexit hook at interpreter exit).
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a dead actor or node: ray.kill below
             stops = [actor.shutdown.remote(grace) for actor in self._actors]
             self._ray.wait(stops, num_returns=len(stops), timeout=grace + 5.0)
         for actor in self._actors:
