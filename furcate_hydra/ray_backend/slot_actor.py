@@ -91,9 +91,10 @@ class SlotActor:
         import ray
 
         node_id = ray.get_runtime_context().get_node_id()
-        # The address the node joined the cluster with (``--node-ip-address``), as `ray status`
-        # names it, not the first address of the machine.
-        ips = [n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id]
+        # The address the node registered with, as `ray status` names it (Ray swaps a
+        # loopback --node-ip-address for the machine's own).
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        ips = [n["NodeManagerAddress"] for n in nodes if n["NodeID"] == node_id]
         return NodeInfo(
             node_id=node_id,
             ip=ips[0] if ips else ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]

@@ -10,7 +10,7 @@ from typing import Any
 import hydra
 import psutil
 from omegaconf import DictConfig
-from probe_app import record  # beside this file: the app's directory is on sys.path
+from probe_app import record  # type: ignore[import-not-found]  # a sibling script
 
 
 def kill_slot_actor(once: bool, marker_dir: str) -> None:
