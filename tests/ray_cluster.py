@@ -72,9 +72,11 @@ def _start_node(ray: str, args: list[str], env: dict[str, str]) -> None:
 
 
 @contextmanager
-def ray_cluster(num_gpus: int = 2, worker_nodes: int = 0) -> Iterator[Cluster]:
-    """A head node (2 CPUs, ``num_gpus`` declared GPUs) and ``worker_nodes`` more like it,
-    all on 127.0.0.1; every process of it stopped on exit."""
+def ray_cluster(
+    num_gpus: int = 2, worker_nodes: int = 0, head_gpus: int | None = None
+) -> Iterator[Cluster]:
+    """A head node (2 CPUs, ``head_gpus`` or ``num_gpus`` declared GPUs) and ``worker_nodes``
+    with ``num_gpus`` each, all on 127.0.0.1; every process of it stopped on exit."""
     ray = ray_cli()
     # Short: Ray's Unix socket paths live under it and may not exceed ~107 characters.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
@@ -87,27 +89,38 @@ def ray_cluster(num_gpus: int = 2, worker_nodes: int = 0) -> Iterator[Cluster]:
     }
     env.pop("MLFLOW_TRACKING_URI", None)
     env.update(RAY_ENV)
-    node = ["--node-ip-address=127.0.0.1", "--num-cpus=2", f"--num-gpus={num_gpus}"]
+    node = ["--node-ip-address=127.0.0.1", "--num-cpus=2"]
     cluster = Cluster(f"127.0.0.1:{port}", temp_dir)
     try:
+        head = num_gpus if head_gpus is None else head_gpus
         _start_node(
             ray,
             [
-                "--head",
-                f"--port={port}",
-                f"--temp-dir={temp_dir}",
-                *node,
-                "--include-dashboard=false",
-                "--disable-usage-stats",
+                *("--head", f"--port={port}", f"--temp-dir={temp_dir}", *node),
+                *(f"--num-gpus={head}", "--include-dashboard=false", "--disable-usage-stats"),
             ],
             env,
         )
         for _ in range(worker_nodes):
-            _start_node(ray, [f"--address={cluster.address}", *node], env)
+            _start_node(ray, [f"--address={cluster.address}", *node, f"--num-gpus={num_gpus}"], env)
         yield cluster
     finally:
         stop(cluster)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def kill_newest_node(cluster: Cluster) -> None:
+    """SIGKILL the last node that joined: its raylet and everything under it (its workers,
+    their fork servers and jobs), as a machine that loses power would end them."""
+    raylets = [p for p in cluster.processes() if p.name() == "raylet"]
+    newest = max(raylets, key=lambda p: p.create_time())
+    doomed = [*newest.children(recursive=True), newest]
+    for process in doomed:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(doomed, timeout=10)
 
 
 def stop(cluster: Cluster, timeout_s: float = 5.0) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import APPS, run_cli
 from tests.process_helpers import killed_if_left
-from tests.ray_cluster import RAY_ENV, RAY_MISSING, Cluster, ray_cluster
+from tests.ray_cluster import RAY_ENV, RAY_MISSING, Cluster, kill_newest_node, ray_cluster
 from tests.test_store_server import Server, mlflow_server
 
 pytest.importorskip("ray", reason=RAY_MISSING)
@@ -204,3 +204,37 @@ def test_the_optuna_sweeper_fills_ray_slots_on_a_ray_instance_of_its_own(
     assert "2 Ray slots (no GPU, 1 CPU each) on 1 node of a Ray instance on this machine" in out
     assert out.count("COMPLETE") == 4, out
     assert out.count("Started a local Ray instance") == 1, "Ray was started again at exit"
+
+
+def test_a_lost_node_fails_its_job_naming_the_node_and_the_sweep_ends(
+    tmp_path: Path, server: Server
+) -> None:
+    """Its own cluster: the only GPU is on a worker node, which is then killed whole."""
+    with ray_cluster(num_gpus=1, worker_nodes=1, head_gpus=0) as cluster:
+        command = [
+            *(sys.executable, str(APP), *sweep_command(tmp_path, cluster)),
+            *("hydra.launcher.ray.start_timeout_s=20", "+lr=1", "sleep=600"),
+        ]
+        env = {**os.environ, **RAY_ENV, "MLFLOW_TRACKING_URI": server.url}
+        process = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        with killed_if_left(process):
+            deadline = time.monotonic() + 120
+            while len(fork_servers(cluster)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert len(fork_servers(cluster)) >= 2, "the job did not start"
+            kill_newest_node(cluster)
+            output, _ = process.communicate(timeout=240)
+    text = output.decode()
+    assert process.returncode != 0, text
+    data = json.loads((tmp_path / "sweep" / "0" / "run_data.json").read_text())
+    assert data["status"] == "FAILED", text
+    assert re.search(r"the Ray worker of slot 0 on node \S+ \([0-9a-f]{12}\) died", data["error"])
+    assert run_statuses(server, tmp_path.name) == ["FAILED"]

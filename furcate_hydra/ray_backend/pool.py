@@ -76,6 +76,9 @@ class RayPool:
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._running: dict[str, JobRecord] = {}
         self._refs: dict[Any, str] = {}  # ObjectRef of a slot's run() -> job key
+        # a dead slot's new actor: ObjectRef of its where() -> (slot, deadline to start)
+        self._starting: dict[Any, tuple[int, float]] = {}
+        self._start_timeout_s = start_timeout_s
         self._cancelled: set[str] = set()
         self._done: list[JobRecord] = []
         self._listeners: list[JobListener] = []
@@ -134,18 +137,22 @@ class RayPool:
 
     def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._done and self._refs:
+        while not self._done and (self._refs or (self._queue and self._starting)):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
             interrupts.check()
             wait = _WAIT_SLICE_S if remaining is None else min(remaining, _WAIT_SLICE_S)
-            refs = list(self._refs)
+            refs = [*self._refs, *self._starting]
             ready, rest = self._ray.wait(refs, num_returns=1, timeout=wait)
             if ready and rest:  # every other job that ended meanwhile, in the same call
                 ready += self._ray.wait(rest, num_returns=len(rest), timeout=0)[0]
             for ref in ready:
-                self._on_result(ref)
+                if ref in self._starting:
+                    self._on_actor_started(ref)
+                else:
+                    self._on_result(ref)
+            self._check_starting()
             self._poll_progress()
         done, self._done = self._done, []
         return done
@@ -222,17 +229,50 @@ class RayPool:
         self._free.sort()
 
     def _replace_actor(self, index: int) -> None:
-        """A new actor for a slot whose actor died; the slot is free once it runs."""
+        """Start a new actor for a slot whose actor died; the slot is free once it runs.
+
+        Not waited for here: the other slots go on meanwhile, and a node that is gone may
+        leave no room for it (``_check_starting`` gives up after ``start_timeout_s``).
+        """
         with contextlib.suppress(Exception):
             self._ray.kill(self._actors[index])
         self._actors[index] = self._new_actor(index)
-        try:
-            self._await_actors([index], self._start_timeout_for_replacement())
-        except ExecutorBrokenError as exc:
-            self._break(str(exc))
+        ref = self._actors[index].where.remote()
+        self._starting[ref] = (index, time.monotonic() + self._start_timeout_s)
 
-    def _start_timeout_for_replacement(self) -> float:
-        return max(60.0, 3 * getattr(self, "start_s", 60.0))
+    def _on_actor_started(self, ref: Any) -> None:
+        index, _ = self._starting.pop(ref)
+        try:
+            self._nodes[index] = self._ray.get(ref)
+        except Exception as exc:
+            log.warning("furcate: slot %d could not start a new Ray actor: %s", index, exc)
+            self._slot_lost(index)
+            return
+        self._free.append(index)
+        self._dispatch()
+
+    def _check_starting(self) -> None:
+        now = time.monotonic()
+        for ref, (index, deadline) in list(self._starting.items()):
+            if now > deadline:
+                del self._starting[ref]
+                log.warning(
+                    "furcate: slot %d got no new Ray actor within %g s (no room left in the "
+                    "cluster?); it is given up",
+                    index,
+                    self._start_timeout_s,
+                )
+                with contextlib.suppress(Exception):
+                    self._ray.kill(self._actors[index])
+                self._slot_lost(index)
+
+    def _slot_lost(self, index: int) -> None:
+        """A slot is gone for good; with none left, the pool is broken."""
+        if not (self._free or self._running or self._starting):
+            self._break(
+                f"no Ray slot is left: the last one (slot {index}) could not get a new actor; "
+                "see `ray status` for the nodes and resources left"
+            )
 
     def _kill_all(self) -> None:
         for actor in self._actors:
@@ -345,6 +385,7 @@ class RayPool:
             self._finish(job, JobState.LOST, error=f"{reason}\n{job.paths.see_logs()}")
         self._running.clear()
         self._refs.clear()
+        self._starting.clear()
         self._queue.clear()
         self._free = []
 
