@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import APPS, run_cli
+from tests.conftest import APPS, REPO, run_cli
 from tests.process_helpers import killed_if_left
 from tests.ray_cluster import RAY_ENV, RAY_MISSING, Cluster, kill_newest_node, ray_cluster
 from tests.test_store_server import Server, mlflow_server
@@ -187,23 +187,31 @@ def test_ctrl_c_stops_every_remote_job(tmp_path: Path, cluster: Cluster, server:
     assert run_statuses(server, tmp_path.name) == ["KILLED"] * 3
 
 
-def test_the_optuna_sweeper_fills_ray_slots_on_a_ray_instance_of_its_own(
+def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     tmp_path: Path, mlflow_store: str
 ) -> None:
-    """Without an address the launcher starts Ray here (no GPU: CPU slots), and a sqlite
-    study and store are fine: every node is this machine."""
+    """examples/optuna_pruning on Ray. Without an address the launcher starts Ray here (no
+    GPU: CPU slots), where the sqlite study and store are fine: every node is this machine.
+    Each Lightning job reports to the study from its own process and stops when pruned."""
+    import optuna
+
     done = run_cli(
-        APPS / "optuna_app.py",
+        REPO / "examples" / "optuna_pruning" / "optuna_pruning.py",
         *("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.backend=ray"),
-        *("hydra.launcher.gpus=null", "hydra.launcher.max_workers=2", "hydra.sweeper.n_trials=4"),
+        *("hydra.launcher.gpus=null", "hydra.launcher.max_workers=2"),
         cwd=tmp_path,
         env={**os.environ, **RAY_ENV},
     )
     out = done.stdout + done.stderr
-    assert done.returncode == 0, out
+    assert done.returncode == 0, out[-4000:]
     assert "2 Ray slots (no GPU, 1 CPU each) on 1 node of a Ray instance on this machine" in out
-    assert out.count("COMPLETE") == 4, out
     assert out.count("Started a local Ray instance") == 1, "Ray was started again at exit"
+    study = optuna.load_study(
+        study_name="optuna_pruning", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
+    )
+    states = [t.state.name for t in study.get_trials(deepcopy=False)]
+    assert set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert "PRUNED" in states and "COMPLETE" in states, states
 
 
 def test_a_lost_node_fails_its_job_naming_the_node_and_the_sweep_ends(

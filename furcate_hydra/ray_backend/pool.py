@@ -117,9 +117,13 @@ class RayPool:
         self._listeners.append(listener)
 
     def set_context(self, context: bytes) -> None:
+        """Every running slot actor gets it (a new one is started with it)."""
         self._context = context
-        if self._broken is None:
-            self._ray.get([actor.set_context.remote(context) for actor in self._actors])
+        if self._broken is None and self._nodes:
+            calls = [self._actors[index].set_context.remote(context) for index in self._nodes]
+            # A dead actor does not stop this: its job's result says so, and its slot gets a
+            # new actor, started with this context.
+            self._ray.wait(calls, num_returns=len(calls), timeout=self._start_timeout_s)
 
     def submit(self, job: JobRecord) -> None:
         """Queue a job. Raises ExecutorBrokenError once the pool is broken."""
