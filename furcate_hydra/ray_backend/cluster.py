@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 from dataclasses import dataclass
 from types import ModuleType
@@ -47,6 +48,10 @@ class RaySlotPlan(SlotPlan):
 
 def import_ray() -> ModuleType:
     """Ray, or an error that says how to install it."""
+    # Jobs' output is echoed through Ray's log forwarding, which by default folds lines that
+    # several jobs print alike into "[repeated 4x across cluster]": show each job's, as the
+    # local backend does (read once, when Ray is first imported; a user's setting wins).
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         import ray
     except ImportError as exc:
