@@ -15,9 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 import signal
-import sys
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -33,8 +31,9 @@ from furcate_hydra.execution.forkserver.protocol import Start
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.progress import JobProgress, read_progress
+from furcate_hydra.ray_backend.actors import SlotActors
 from furcate_hydra.ray_backend.cluster import RaySlotPlan
-from furcate_hydra.ray_backend.slot_actor import NodeInfo, SlotActor, SlotResult
+from furcate_hydra.ray_backend.slot_actor import NodeInfo, SlotResult
 
 __all__ = ["RayPool"]
 
@@ -42,8 +41,6 @@ log = logging.getLogger(__name__)
 
 # Longest a wait goes without looking for a Ctrl-C or polling progress files.
 _WAIT_SLICE_S = 1.0
-# A slot actor runs one job and takes kill/shutdown/set_context calls meanwhile.
-_ACTOR_CONCURRENCY = 4
 
 
 class RayPool:
@@ -63,22 +60,11 @@ class RayPool:
         self.options = options
         self._ray = ray
         self._owns_ray = owns_ray
-        self._context = context
-        self._actor_class = ray.remote(SlotActor).options(
-            num_gpus=plan.gpus_per_slot,
-            num_cpus=plan.cpus_per_slot,
-            max_concurrency=_ACTOR_CONCURRENCY,
-            max_restarts=0,
-        )
-        self._actors: list[Any] = [self._new_actor(slot.index) for slot in plan.slots]
-        self._nodes: dict[int, NodeInfo] = {}
+        self._actors = SlotActors(ray, plan, options.preload, context, start_timeout_s)
         self._free: list[int] = []
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._running: dict[str, JobRecord] = {}
         self._refs: dict[Any, str] = {}  # ObjectRef of a slot's run() -> job key
-        # a dead slot's new actor: ObjectRef of its where() -> (slot, deadline to start)
-        self._starting: dict[Any, tuple[int, float]] = {}
-        self._start_timeout_s = start_timeout_s
         self._cancelled: set[str] = set()
         self._done: list[JobRecord] = []
         self._listeners: list[JobListener] = []
@@ -87,7 +73,7 @@ class RayPool:
         self._broken: str | None = None
         self._closed = False
         began = time.perf_counter()
-        self._await_actors(list(range(len(plan.slots))), start_timeout_s)
+        self._free = self._actors.start_all()
         self.start_s = time.perf_counter() - began
 
     # -- the Executor contract ---------------------------------------------------------
@@ -107,23 +93,18 @@ class RayPool:
     @property
     def nodes(self) -> dict[int, NodeInfo]:
         """Where each slot's actor runs now."""
-        return dict(self._nodes)
+        return dict(self._actors.nodes)
 
     def describe(self) -> str:
-        ips = sorted({info.ip for info in self._nodes.values()})
+        ips = sorted({info.ip for info in self._actors.nodes.values()})
         return f"{self.plan.describe()}; actors on {', '.join(ips) or 'no node yet'}"
 
     def add_listener(self, listener: JobListener) -> None:
         self._listeners.append(listener)
 
     def set_context(self, context: bytes) -> None:
-        """Every running slot actor gets it (a new one is started with it)."""
-        self._context = context
-        if self._broken is None and self._nodes:
-            calls = [self._actors[index].set_context.remote(context) for index in self._nodes]
-            # A dead actor does not stop this: its job's result says so, and its slot gets a
-            # new actor, started with this context.
-            self._ray.wait(calls, num_returns=len(calls), timeout=self._start_timeout_s)
+        if self._broken is None:
+            self._actors.set_context(context)
 
     def submit(self, job: JobRecord) -> None:
         """Queue a job. Raises ExecutorBrokenError once the pool is broken."""
@@ -141,22 +122,23 @@ class RayPool:
 
     def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._done and (self._refs or (self._queue and self._starting)):
+        while not self._done and (self._refs or (self._queue and self._actors.starting)):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
             interrupts.check()
             wait = _WAIT_SLICE_S if remaining is None else min(remaining, _WAIT_SLICE_S)
-            refs = [*self._refs, *self._starting]
+            refs = [*self._refs, *self._actors.starting]
             ready, rest = self._ray.wait(refs, num_returns=1, timeout=wait)
             if ready and rest:  # every other job that ended meanwhile, in the same call
                 ready += self._ray.wait(rest, num_returns=len(rest), timeout=0)[0]
             for ref in ready:
-                if ref in self._starting:
+                if ref in self._actors.starting:
                     self._on_actor_started(ref)
                 else:
                     self._on_result(ref)
-            self._check_starting()
+            for index in self._actors.overdue():
+                self._slot_lost(index)
             self._poll_progress()
         done, self._done = self._done, []
         return done
@@ -184,104 +166,28 @@ class RayPool:
             # driver) died with the connection, and any Ray call now would start a new
             # local instance.
             return
-        grace = self.options.stop_grace_s
-        with contextlib.suppress(Exception):  # a dead actor or node: ray.kill below
-            stops = [actor.shutdown.remote(grace) for actor in self._actors]
-            self._ray.wait(stops, num_returns=len(stops), timeout=grace + 5.0)
-        for actor in self._actors:
-            with contextlib.suppress(Exception):
-                self._ray.kill(actor)
+        self._actors.stop_all(self.options.stop_grace_s)
         if self._owns_ray:
             with contextlib.suppress(Exception):
                 self._ray.shutdown()
 
     # -- slots -------------------------------------------------------------------------
 
-    def _new_actor(self, index: int) -> Any:
-        return self._actor_class.remote(
-            index,
-            list(self.options.preload),
-            self._context,
-            os.getcwd(),
-            list(sys.path),
-            self.plan.gpus_per_slot,
-        )
-
-    def _await_actors(self, indices: list[int], timeout_s: float) -> None:
-        """Wait until each slot's actor runs its warm server; raise if any cannot start."""
-        refs = {self._actors[i].where.remote(): i for i in indices}
-        ready, late = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        if late:
-            self._kill_all()
-            raise ExecutorBrokenError(
-                f"{len(late)} of {len(refs)} Ray slot actors did not start within "
-                f"{timeout_s:g} s: the cluster lacks the resources one slot asks for "
-                f"({self.plan.gpus_per_slot:g} GPU, {self.plan.cpus_per_slot:g} CPU), or "
-                "they are held by other work. Lower hydra.launcher.max_workers, or raise "
-                "hydra.launcher.ray.start_timeout_s."
-            )
-        for ref in ready:
-            try:
-                info: NodeInfo = self._ray.get(ref)
-            except Exception as exc:
-                self._kill_all()
-                raise ExecutorBrokenError(
-                    f"A Ray slot actor could not start its fork server: {exc}"
-                ) from None
-            self._nodes[refs[ref]] = info
-            self._free.append(refs[ref])
-        self._free.sort()
-
-    def _replace_actor(self, index: int) -> None:
-        """Start a new actor for a slot whose actor died; the slot is free once it runs.
-
-        Not waited for here: the other slots go on meanwhile, and a node that is gone may
-        leave no room for it (``_check_starting`` gives up after ``start_timeout_s``).
-        """
-        with contextlib.suppress(Exception):
-            self._ray.kill(self._actors[index])
-        self._actors[index] = self._new_actor(index)
-        ref = self._actors[index].where.remote()
-        self._starting[ref] = (index, time.monotonic() + self._start_timeout_s)
-
     def _on_actor_started(self, ref: Any) -> None:
-        index, _ = self._starting.pop(ref)
-        try:
-            self._nodes[index] = self._ray.get(ref)
-        except Exception as exc:
-            log.warning("furcate: slot %d could not start a new Ray actor: %s", index, exc)
+        index, runs = self._actors.on_started(ref)
+        if runs:
+            self._free.append(index)
+            self._dispatch()
+        else:
             self._slot_lost(index)
-            return
-        self._free.append(index)
-        self._dispatch()
-
-    def _check_starting(self) -> None:
-        now = time.monotonic()
-        for ref, (index, deadline) in list(self._starting.items()):
-            if now > deadline:
-                del self._starting[ref]
-                log.warning(
-                    "furcate: slot %d got no new Ray actor within %g s (no room left in the "
-                    "cluster?); it is given up",
-                    index,
-                    self._start_timeout_s,
-                )
-                with contextlib.suppress(Exception):
-                    self._ray.kill(self._actors[index])
-                self._slot_lost(index)
 
     def _slot_lost(self, index: int) -> None:
         """A slot is gone for good; with none left, the pool is broken."""
-        if not (self._free or self._running or self._starting):
+        if not (self._free or self._running or self._actors.starting):
             self._break(
                 f"no Ray slot is left: the last one (slot {index}) could not get a new actor; "
                 "see `ray status` for the nodes and resources left"
             )
-
-    def _kill_all(self) -> None:
-        for actor in self._actors:
-            with contextlib.suppress(Exception):
-                self._ray.kill(actor)
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -340,10 +246,11 @@ class RayPool:
             why = "the job's process ended without a result"
             if result.wait_status is not None:
                 why = describe_wait_status(result.wait_status)
-            self._crashed(job, f"{why} (on {self._nodes.get(index, 'an unknown node')})")
+            node = self._actors.nodes.get(index, "an unknown node")
+            self._crashed(job, f"{why} (on {node})")
 
     def _on_slot_death(self, job: JobRecord, index: int, exc: Exception) -> None:
-        node = self._nodes.pop(index, None)
+        node = self._actors.nodes.get(index)
         where = str(node) if node is not None else "an unknown node"
         why = (
             f"the Ray worker of slot {index} on {where} died while running the job "
@@ -351,7 +258,7 @@ class RayPool:
             "and the Ray logs of that node)"
         )
         log.warning("furcate: %s", why)
-        self._replace_actor(index)
+        self._actors.replace(index)
         if job.key in self._cancelled:
             self._cancelled.discard(job.key)
             self._release(job, JobState.CANCELLED, error="stopped by the launcher")
@@ -389,7 +296,7 @@ class RayPool:
             self._finish(job, JobState.LOST, error=f"{reason}\n{job.paths.see_logs()}")
         self._running.clear()
         self._refs.clear()
-        self._starting.clear()
+        self._actors.starting.clear()
         self._queue.clear()
         self._free = []
 
