@@ -153,6 +153,30 @@ def test_a_killed_slot_actor_is_a_crash_naming_the_node_and_a_retry_recovers(
     assert "retry 1 of 1" in out
 
 
+def test_a_preempted_remote_job_runs_again_in_its_run(
+    tmp_path: Path, cluster: Cluster, server: Server
+) -> None:
+    """SIGTERM from outside the launcher (as a scheduler on that node sends it): queued again.
+    The marker folder reaches the jobs through ``ray.runtime_env``, not the launcher's
+    environment, which Ray nodes do not inherit."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    done = sweep(
+        tmp_path,
+        cluster,
+        server,
+        f"hydra.launcher.ray.runtime_env={{env_vars:{{PROBE_MARKER_DIR:'{markers}'}}}}",
+        "mode=ok,sigterm_once",
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "queued again to resume (preemption 1 of 3)" in out
+    data = json.loads((tmp_path / "sweep" / "1" / "run_data.json").read_text())
+    assert (data["status"], data["return_value"]) == ("FINISHED", "recovered"), out
+    assert (data["attempts"], data["preemptions"]) == (2, 1)
+    assert run_statuses(server, tmp_path.name) == ["FINISHED", "FINISHED"]
+
+
 def test_ctrl_c_stops_every_remote_job(tmp_path: Path, cluster: Cluster, server: Server) -> None:
     command = [
         *(sys.executable, str(APP), *sweep_command(tmp_path, cluster)),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ from furcate_hydra.execution.forkserver import ChildReport
 from furcate_hydra.execution.forkserver.protocol import Start
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.local_pool import PoolOptions
+from furcate_hydra.preemption import PREEMPTION_SIGNALS
 from furcate_hydra.progress import JobProgress, read_progress
 from furcate_hydra.ray_backend.actors import SlotActors
 from furcate_hydra.ray_backend.cluster import RaySlotPlan
@@ -238,7 +240,9 @@ class RayPool:
             self._release(job, JobState.CANCELLED, error="stopped by the launcher")
         elif result.start_error is not None:
             self._release(job, JobState.FAILED, error=result.start_error)
-        elif (report := _report(result.report)) is not None and report.error is None:
+        elif (why := _preempted(report := _report(result.report), result.wait_status)) is not None:
+            self._on_preempted(job, why)
+        elif report is not None and report.error is None:
             self._release(job, JobState.COMPLETED, value=report.value)
         elif report is not None:
             self._release(job, JobState.FAILED, error=f"{report.error}{see_logs}")
@@ -265,9 +269,34 @@ class RayPool:
         else:
             self._crashed(job, why)
 
+    def _on_preempted(self, job: JobRecord, why: str) -> None:
+        """As ``LocalPool``: queue a preempted job again, first, up to ``max_preemptions``; it
+        resumes from the checkpoint it saved, in its run."""
+        job.preemptions += 1
+        limit = self.options.max_preemptions
+        if job.preemptions > limit:
+            error = (
+                f"preempted {job.preemptions} times, more than hydra.launcher.max_preemptions="
+                f"{limit} allows (the last time: {why}); run the same command to resume it"
+                f"\n{job.paths.see_logs()}"
+            )
+            self._release(job, JobState.PREEMPTED, error=error)
+            return
+        log.warning(
+            "Job %s %s; queued again to resume (preemption %d of %d)",
+            job.label or job.key,
+            why,
+            job.preemptions,
+            limit,
+        )
+        job.state = JobState.QUEUED
+        self._queue.appendleft(job)
+        self._emit(EventKind.PREEMPTED, job, why)
+        self._dispatch()
+
     def _crashed(self, job: JobRecord, why: str) -> None:
         """Retry the job if it has retries left, else it ends CRASHED with ``why``."""
-        if self._broken is None and job.attempts <= self.options.max_retries:
+        if self._broken is None and job.attempts - job.preemptions <= self.options.max_retries:
             log.warning(
                 "Job %s crashed (%s); retry %d of %d",
                 job.label or job.key,
@@ -343,6 +372,19 @@ class RayPool:
         event = JobEvent(kind, job, detail, progress)
         for listener in self._listeners:
             listener(event)
+
+
+def _preempted(report: ChildReport | None, wait_status: int | None) -> str | None:
+    """What preempted a job, in words, or None: it raised JobPreempted (having saved), or a
+    preemption signal sent to it on its node killed it (as ``LocalPool`` reads it)."""
+    if report is not None:
+        return report.preempted
+    if wait_status is not None and os.WIFSIGNALED(wait_status):
+        signum = os.WTERMSIG(wait_status)
+        if signum in PREEMPTION_SIGNALS:
+            name = signal.Signals(signum).name
+            return f"preempted by {name} (its process ended by it; it resumes from its checkpoint)"
+    return None
 
 
 def _report(data: bytes | None) -> ChildReport | None:

@@ -4,7 +4,7 @@
 # sys.modules, where dataclasses cannot resolve string annotations, and OmegaConf reads the
 # typing forms (Optional, List) to validate what users type.
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -33,8 +33,9 @@ class RayConf:
     address: Optional[str] = None
     # Ray namespace the slot actors live in (unset: an anonymous one)
     namespace: Optional[str] = None
-    # Ray's runtime_env for the slot actors (working_dir, pip, env_vars, ...)
-    runtime_env: Dict[str, Any] = field(default_factory=dict)
+    # Ray's runtime_env for the slot actors (working_dir, pip, env_vars, ...); Any, not a
+    # Dict, so that `ray.runtime_env={env_vars:{A:b}}` replaces it instead of meeting struct mode
+    runtime_env: Optional[Any] = None
     # memory of one of the cluster's GPUs, for gpu_mem_per_job_gb (Ray does not report it)
     gpu_memory_gb: Optional[float] = None
     # seconds the slot actors (each importing preload once) may take to start

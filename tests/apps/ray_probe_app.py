@@ -1,4 +1,5 @@
-"""The probe app, plus what only a Ray slot can suffer: its actor killed under a running job."""
+"""The probe app (its modes), plus what only a Ray slot can suffer: its actor killed under a
+running job."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import hydra
 import psutil
 from omegaconf import DictConfig
-from probe_app import record  # type: ignore[import-not-found]  # a sibling script
+from probe_app import misbehave, record  # type: ignore[import-not-found]  # a sibling script
 
 
 def kill_slot_actor(once: bool, marker_dir: str) -> None:
@@ -36,7 +37,9 @@ def main(cfg: DictConfig) -> Any:
         return "recovered"
     if mode == "print":
         print(f"job {info['num']} says hello from slot {info['slot']}", flush=True)
-    return info
+    if mode in ("ok", "print"):
+        return info
+    return misbehave(mode)
 
 
 if __name__ == "__main__":
