@@ -122,6 +122,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     preload = [name for name in args.preload.split(",") if name]
+    # This machine only, on loopback: Ray's switch for single-machine Ray, read when Ray is
+    # imported (else the node takes the machine's network address, and its processes talk
+    # over it).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     at_start = machine()

@@ -3,19 +3,26 @@
 ``ray stop`` would stop every Ray process of the machine (other sweeps' too), so each cluster
 has its own temp dir, and teardown stops exactly the processes whose command line names it,
 with their descendants (the workers, the slot actors and their fork servers).
+
+Loopback only: the nodes start through ``tests/ray_loopback.py`` and drivers run with
+``RAY_ENV`` (see there why), and ``loopback_only`` checks every socket of the cluster and of
+the launcher while a sweep runs.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -24,8 +31,14 @@ import pytest
 from tests.conftest import REPO
 
 # Loopback-only test clusters: no token (Ray 2.60 makes one per machine by default, in ~).
-# The launcher under test gets the same, through the environment of its CLI run.
-RAY_ENV = {"RAY_AUTH_MODE": "disabled"}
+_NODE_ENV = {"RAY_AUTH_MODE": "disabled"}
+# What a driver of the tests (the launcher under test, through the environment of its CLI
+# run) gets: with Ray's switch for single-machine Ray, ray.init keeps 127.0.0.1:PORT as given
+# (else it connects to the machine's own address instead), and a Ray instance it starts
+# itself is on loopback. `ray start --address` refuses to add a node under that switch: the
+# nodes get the same through tests/ray_loopback.py instead.
+RAY_ENV = {**_NODE_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+LOOPBACK_START = Path(__file__).with_name("ray_loopback.py")
 RAY_MISSING = "Ray is not installed: pip install 'furcate-hydra[ray]' to run the Ray tests"
 
 
@@ -63,9 +76,13 @@ class Cluster:
         return list(found.values())
 
 
-def _start_node(ray: str, args: list[str], env: dict[str, str]) -> None:
+def _start_node(args: list[str], env: dict[str, str]) -> None:
     done = subprocess.run(
-        [ray, "start", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, str(LOOPBACK_START), "start", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if done.returncode != 0:
         raise RuntimeError(f"ray start {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
@@ -77,7 +94,7 @@ def ray_cluster(
 ) -> Iterator[Cluster]:
     """A head node (2 CPUs, ``head_gpus`` or ``num_gpus`` declared GPUs) and ``worker_nodes``
     with ``num_gpus`` each, all on 127.0.0.1; every process of it stopped on exit."""
-    ray = ray_cli()
+    ray_cli()
     # Short: Ray's Unix socket paths live under it and may not exceed ~107 characters.
     temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     port = free_port()
@@ -88,13 +105,12 @@ def ray_cluster(
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     env.pop("MLFLOW_TRACKING_URI", None)
-    env.update(RAY_ENV)
+    env.update(_NODE_ENV)
     node = ["--node-ip-address=127.0.0.1", "--num-cpus=2"]
     cluster = Cluster(f"127.0.0.1:{port}", temp_dir)
     try:
         head = num_gpus if head_gpus is None else head_gpus
         _start_node(
-            ray,
             [
                 *("--head", f"--port={port}", f"--temp-dir={temp_dir}", *node),
                 *(f"--num-gpus={head}", "--include-dashboard=false", "--disable-usage-stats"),
@@ -102,7 +118,10 @@ def ray_cluster(
             env,
         )
         for _ in range(worker_nodes):
-            _start_node(ray, [f"--address={cluster.address}", *node, f"--num-gpus={num_gpus}"], env)
+            _start_node([f"--address={cluster.address}", *node, f"--num-gpus={num_gpus}"], env)
+        addresses = node_addresses(cluster)
+        if addresses != ["127.0.0.1"] * (1 + worker_nodes):
+            raise RuntimeError(f"the nodes registered as {addresses}, not all as 127.0.0.1")
         yield cluster
     finally:
         stop(cluster)
@@ -138,3 +157,107 @@ def stop(cluster: Cluster, timeout_s: float = 5.0) -> None:
         except psutil.NoSuchProcess:
             continue
     psutil.wait_procs(alive, timeout=timeout_s)
+
+
+_NODES = """
+import json, sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+print(json.dumps([n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]))
+"""
+
+
+def node_addresses(cluster: Cluster) -> list[str]:
+    """The address each live node of the cluster registered with (``ray.nodes()``), as a
+    driver of the tests sees them."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run(
+        [sys.executable, "-c", _NODES, cluster.address],
+        env={**env, **RAY_ENV},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"ray.nodes() at {cluster.address} failed:\n{done.stderr}")
+    addresses: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return addresses
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8 or ::1, also as an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``)."""
+    address = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+@dataclass
+class Sockets:
+    """What ``loopback_only`` saw: each TCP/UDP socket as ``who status local -> remote``
+    (``who`` is ``launcher``, or the process's name), and those with an address off
+    loopback (a listen on every interface, ``0.0.0.0`` or ``::``, is off loopback too)."""
+
+    seen: set[str] = field(default_factory=set)
+    off_loopback: set[str] = field(default_factory=set)
+    gcs_ports: set[int] = field(default_factory=set)  # where a gcs_server listened
+    launcher_peers: set[int] = field(default_factory=set)  # ports the launcher connected to
+
+    def sample(self, processes: list[psutil.Process], launcher: str) -> None:
+        for process in processes:
+            try:
+                name = process.name()
+                who = "launcher" if launcher in process.cmdline() else name
+                connections = process.net_connections(kind="inet")
+            except psutil.Error:
+                continue
+            for conn in connections:
+                local = f"{conn.laddr.ip}:{conn.laddr.port}" if conn.laddr else "-"
+                remote = f"{conn.raddr.ip}:{conn.raddr.port}" if conn.raddr else "-"
+                line = f"{who} ({process.pid}) {conn.status} {local} -> {remote}"
+                self.seen.add(line)
+                if any(a and not is_loopback(a.ip) for a in (conn.laddr, conn.raddr)):
+                    self.off_loopback.add(line)
+                if name == "gcs_server" and conn.status == psutil.CONN_LISTEN:
+                    self.gcs_ports.add(conn.laddr.port)
+                if who == "launcher" and conn.raddr:
+                    self.launcher_peers.add(conn.raddr.port)
+
+
+@contextmanager
+def loopback_only(
+    cluster: Cluster | None, launcher: Path, interval_s: float = 0.5
+) -> Iterator[Sockets]:
+    """While the block runs (a sweep), every ``interval_s`` the sockets of the cluster's
+    processes and of this test's child processes (the launcher running the ``launcher``
+    script, a Ray instance it starts itself, the mlflow server); then asserts that each had
+    only loopback addresses, and that the launcher was seen connected to a GCS (else the
+    check saw nothing that proves it)."""
+    sockets = Sockets()
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            while not done.is_set():
+                found = {p.pid: p for p in psutil.Process().children(recursive=True)}
+                if cluster is not None:
+                    found.update((p.pid, p) for p in cluster.processes())
+                sockets.sample(list(found.values()), str(launcher))
+                done.wait(interval_s)
+        except BaseException as exc:  # raised again below, in the test
+            failed.append(exc)
+
+    watcher = threading.Thread(target=watch, name="loopback-only", daemon=True)
+    watcher.start()
+    try:
+        yield sockets
+    finally:
+        done.set()
+        watcher.join()
+    if failed:
+        raise failed[0]
+    off, seen = ("\n".join(sorted(lines)) for lines in (sockets.off_loopback, sockets.seen))
+    assert not sockets.off_loopback, f"sockets off loopback:\n{off}"
+    assert sockets.gcs_ports & sockets.launcher_peers, (
+        f"the launcher was not seen connected to a Ray GCS; seen:\n{seen}"
+    )

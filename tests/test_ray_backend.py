@@ -18,7 +18,14 @@ import pytest
 
 from tests.conftest import APPS, REPO, run_cli
 from tests.process_helpers import killed_if_left
-from tests.ray_cluster import RAY_ENV, RAY_MISSING, Cluster, kill_newest_node, ray_cluster
+from tests.ray_cluster import (
+    RAY_ENV,
+    RAY_MISSING,
+    Cluster,
+    kill_newest_node,
+    loopback_only,
+    ray_cluster,
+)
 from tests.test_store_server import Server, mlflow_server
 
 pytest.importorskip("ray", reason=RAY_MISSING)
@@ -99,9 +106,14 @@ def fork_servers(cluster: Cluster) -> list[int]:
 def test_a_grid_sweep_runs_on_both_nodes_and_a_rerun_skips_it(
     tmp_path: Path, cluster: Cluster, server: Server
 ) -> None:
-    done = sweep(
-        tmp_path, cluster, server, "hydra.launcher.jobs_per_gpu=2", "+lr=1,2,3,4,5,6", "mode=print"
-    )
+    # every socket of the nodes, their workers and the launcher stays on loopback
+    with loopback_only(cluster, APP):
+        done = sweep(
+            tmp_path,
+            cluster,
+            server,
+            *("hydra.launcher.jobs_per_gpu=2", "+lr=1,2,3,4,5,6", "mode=print"),
+        )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "8 Ray slots (0.5 GPU each) on 2 nodes" in out
@@ -142,10 +154,9 @@ def test_a_killed_slot_actor_is_a_crash_naming_the_node_and_a_retry_recovers(
     crashed = json.loads((tmp_path / "sweep" / "0" / "run_data.json").read_text())
     assert crashed["status"] == "FAILED"
     assert "the Ray worker of slot" in crashed["error"]
-    # Ray registers a node started with --node-ip-address=127.0.0.1 under the machine's
-    # address: the message names the node by that address and its id
+    # the node by the address it registered with (loopback, see tests/ray_loopback.py), and id
     assert re.search(
-        r"the Ray worker of slot \d on node \S+ \([0-9a-f]{12}\) died", crashed["error"]
+        r"the Ray worker of slot \d on node 127\.0\.0\.1 \([0-9a-f]{12}\) died", crashed["error"]
     )
     recovered = json.loads((tmp_path / "sweep" / "1" / "run_data.json").read_text())
     assert recovered["status"] == "FINISHED", out
@@ -219,13 +230,15 @@ def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     Each Lightning job reports to the study from its own process and stops when pruned."""
     import optuna
 
-    done = run_cli(
-        REPO / "examples" / "optuna_pruning" / "optuna_pruning.py",
-        *("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.backend=ray"),
-        *("hydra.launcher.gpus=null", "hydra.launcher.max_workers=2"),
-        cwd=tmp_path,
-        env={**os.environ, **RAY_ENV},
-    )
+    example = REPO / "examples" / "optuna_pruning" / "optuna_pruning.py"
+    with loopback_only(None, example):  # the launcher's own Ray instance: loopback too
+        done = run_cli(
+            example,
+            *("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.backend=ray"),
+            *("hydra.launcher.gpus=null", "hydra.launcher.max_workers=2"),
+            cwd=tmp_path,
+            env={**os.environ, **RAY_ENV},
+        )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "2 Ray slots (no GPU, 1 CPU each) on 1 node of a Ray instance on this machine" in out
@@ -268,5 +281,7 @@ def test_a_lost_node_fails_its_job_naming_the_node_and_the_sweep_ends(
     assert process.returncode != 0, text
     data = json.loads((tmp_path / "sweep" / "0" / "run_data.json").read_text())
     assert data["status"] == "FAILED", text
-    assert re.search(r"the Ray worker of slot 0 on node \S+ \([0-9a-f]{12}\) died", data["error"])
+    assert re.search(
+        r"the Ray worker of slot 0 on node 127\.0\.0\.1 \([0-9a-f]{12}\) died", data["error"]
+    )
     assert run_statuses(server, tmp_path.name) == ["FAILED"]
