@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "pytorch_lightning", "mlflow", "optuna", "matplotlib")
+HEAVY = ("torch", "pytorch_lightning", "mlflow", "optuna", "matplotlib", "ray")
 HYDRA = ("hydra", "omegaconf")
 # Modules at the package's top, shared by every layer.
 SHARED = (
@@ -40,6 +40,12 @@ class Rule:
 
 RULES = (
     Rule("furcate_hydra/execution", (*SHARED, "furcate_hydra.execution"), (*HYDRA, *HEAVY)),
+    # the Ray backend: the one place that imports Ray (inside functions), beside the execution
+    Rule(
+        "furcate_hydra/ray_backend",
+        (*SHARED, "furcate_hydra.execution", "furcate_hydra.ray_backend"),
+        (*HYDRA, *(name for name in HEAVY if name != "ray")),
+    ),
     Rule("furcate_hydra/sweeping", (*SHARED, "furcate_hydra.sweeping"), (*HYDRA, *HEAVY)),
     Rule(
         "furcate_hydra/monitor",
@@ -76,9 +82,10 @@ RULES = (
             "furcate_hydra.sweeping",
             "furcate_hydra.tuning",
             "furcate_hydra.tracing",
+            "furcate_hydra.ray_backend",
             "furcate_hydra.hydra_layer",
         ),
-        ("torch", "pytorch_lightning"),
+        ("torch", "pytorch_lightning", "ray"),
     ),
 )
 PLUGINS = ("furcate_launcher", "furcate_sweeper", "furcate_optuna_sweeper")

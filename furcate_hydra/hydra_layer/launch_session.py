@@ -34,11 +34,9 @@ from omegaconf import DictConfig, open_dict
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError, JobCrashedError
 from furcate_hydra.execution import interrupts
-from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
-from furcate_hydra.execution.forkserver.client import ConsoleOutput
+from furcate_hydra.execution.executor import EventKind, JobEvent
 from furcate_hydra.execution.job import JobRecord, JobState
-from furcate_hydra.execution.local_pool import LocalPool
-from furcate_hydra.execution.slots import SlotPlan, plan_slots
+from furcate_hydra.hydra_layer.backends import plan_for, start_executor
 from furcate_hydra.hydra_layer.compose import SweepComposer
 from furcate_hydra.hydra_layer.job_context import (
     HydraJobContext,
@@ -101,7 +99,7 @@ class LaunchSession:
         # store cost nothing.
         check_job_name(config)  # it names the store's experiment, opened below
         try:
-            plan = plan_slots(options.slots)
+            plan = plan_for(options)
             code = code_version(_module_file(task_function))
             self.recorder = JobRecorder(options.store, config, code)
         except FurcateConfigError as exc:
@@ -444,13 +442,6 @@ class LaunchSession:
             return job_return
         error = JobCrashedError(f"Job {job.name} {job.state.value}: {job.error}")
         return synthetic_job_return(job.config, job.paths.output_dir, JobStatus.FAILED, error)
-
-
-def start_executor(
-    plan: SlotPlan, context: bytes, options: LauncherOptions, output: ConsoleOutput | None
-) -> Executor:
-    """The executor that runs the session's jobs: the one place a backend is chosen."""
-    return LocalPool(plan, context, options.pool, output)
 
 
 def start_tracer(interval_s: float, tracking_uri: str | None) -> ResourceTracer | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import ListConfig
@@ -19,6 +19,7 @@ from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
 from furcate_hydra.monitor.views import PROGRESS_MODES
+from furcate_hydra.ray_backend.options import Backend, RayOptions
 from furcate_hydra.store import CodeChange, Rerun
 
 __all__ = ["CheckpointOptions", "LauncherOptions", "ProgressOptions", "StoreOptions"]
@@ -132,6 +133,8 @@ class LauncherOptions:
     checkpoints: CheckpointOptions
     # seconds between samples of each running job's resources; 0: no trace
     trace_interval_s: float
+    backend: Backend = Backend.LOCAL
+    ray: RayOptions = field(default_factory=RayOptions)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
@@ -145,6 +148,8 @@ class LauncherOptions:
                 _flag(options, "fail_fast"),
                 CheckpointOptions.parse(options),
                 _trace_interval(options["trace_interval_s"]),
+                Backend.parse(options["backend"]),
+                RayOptions.parse(plain(options["ray"])),
             )
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None

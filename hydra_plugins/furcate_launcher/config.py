@@ -27,8 +27,28 @@ class MlflowConf:
 
 
 @dataclass
+class RayConf:
+    # the cluster: auto (the one this machine belongs to), HOST:PORT of its head, or
+    # ray://HOST:PORT; unset: start a Ray instance on this machine
+    address: Optional[str] = None
+    # Ray namespace the slot actors live in (unset: an anonymous one)
+    namespace: Optional[str] = None
+    # Ray's runtime_env for the slot actors (working_dir, pip, env_vars, ...); Any, not a
+    # Dict, so that `ray.runtime_env={env_vars:{A:b}}` replaces it instead of meeting struct mode
+    runtime_env: Optional[Any] = None
+    # memory of one of the cluster's GPUs, for gpu_mem_per_job_gb (Ray does not report it)
+    gpu_memory_gb: Optional[float] = None
+    # seconds the slot actors (each importing preload once) may take to start
+    start_timeout_s: float = 600.0
+
+
+@dataclass
 class FurcateLauncherConf:
     _target_: str = "hydra_plugins.furcate_launcher.furcate_launcher.FurcateLauncher"
+    # where jobs run: local (this machine's GPUs) or ray (a Ray cluster's, see `ray`)
+    backend: str = "local"
+    # the Ray cluster, with backend=ray
+    ray: RayConf = field(default_factory=RayConf)
     # GPU ids (CUDA_VISIBLE_DEVICES values) to use; unset: CUDA_VISIBLE_DEVICES, else NVML
     gpus: Optional[Any] = None
     # jobs sharing one GPU at a time (default 1); exclusive with gpu_mem_per_job_gb

@@ -25,12 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
+from furcate_hydra.hydra_layer.backends import check_sweeper_storage
 from furcate_hydra.hydra_layer.exclusion_filter import (
     GridFilter,
     refuse_wrong_types,
     unmatched_warning,
 )
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_layer.options import OptionError, plain
 from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
 from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
@@ -111,6 +112,10 @@ class StudySweep:
         sampler, n_trials = self._sampler(options.sampler, options.n_trials)
         self.study_name = options.study_name or str(config.hydra.job.name)
         self.storage = study_storage(options.storage, SweepPaths.of(str(config.hydra.sweep.dir)))
+        # jobs on other machines report to the study (pruning): it must be reachable there
+        check_sweeper_storage(
+            plain(config.hydra.get("launcher")), "hydra.sweeper.storage", self.storage
+        )
         self.study = open_study(
             self.storage,
             self.study_name,

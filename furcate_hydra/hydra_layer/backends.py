@@ -1,0 +1,73 @@
+"""The one place a backend is chosen: its slot plan, its checks, its executor.
+
+LauncherOptions.backend ── local ─► plan_slots (this machine)  ─► LocalPool
+                        └─ ray ───► connect, plan_ray_slots    ─► RayPool (imports Ray)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.execution.executor import Executor
+from furcate_hydra.execution.forkserver.client import ConsoleOutput
+from furcate_hydra.execution.local_pool import LocalPool
+from furcate_hydra.execution.slots import SlotPlan, plan_slots
+from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
+from furcate_hydra.hydra_layer.options import as_option_error
+from furcate_hydra.ray_backend.options import Backend, RayOptions, check_store_reachable
+from furcate_hydra.store import resolve_tracking_uri
+
+__all__ = ["check_sweeper_storage", "plan_for", "start_executor"]
+
+
+def plan_for(options: LauncherOptions) -> SlotPlan:
+    """The slots of the chosen backend; with Ray, after joining the cluster.
+
+    Raises:
+        FurcateConfigError: a bad option, Ray missing or unreachable, or a store the
+            cluster's nodes cannot reach.
+    """
+    if options.backend is Backend.LOCAL:
+        return plan_slots(options.slots)
+    if options.store.enabled:
+        tracking = resolve_tracking_uri(options.store.tracking_uri)
+        check_store_reachable(tracking.source, tracking.uri, options.ray)
+    from furcate_hydra.ray_backend.cluster import connect, plan_ray_slots
+
+    ray = connect(options.ray, log_to_driver=options.pool.echo_output)
+    return plan_ray_slots(options.slots, options.ray, ray)
+
+
+def start_executor(
+    plan: SlotPlan, context: bytes, options: LauncherOptions, output: ConsoleOutput | None
+) -> Executor:
+    """The executor that runs the session's jobs on ``plan`` (made by ``plan_for``)."""
+    if options.backend is Backend.LOCAL:
+        return LocalPool(plan, context, options.pool, output)
+    from furcate_hydra.ray_backend.cluster import RaySlotPlan, import_ray
+    from furcate_hydra.ray_backend.pool import RayPool
+
+    if not isinstance(plan, RaySlotPlan):
+        raise TypeError(f"backend=ray needs a RaySlotPlan, got {type(plan).__name__}")
+    return RayPool(
+        plan, context, options.pool, import_ray(), options.ray.start_timeout_s, owns_ray=True
+    )
+
+
+def check_sweeper_storage(launcher: Mapping[str, Any] | None, key: str, uri: str) -> None:
+    """Refuse a sweeper's storage (e.g. Optuna's) that the launcher's Ray nodes cannot reach.
+
+    ``launcher``: ``hydra.launcher`` as configured; another launcher than furcate's, or the
+    local backend, accepts any storage.
+
+    Raises:
+        OptionError: backend=ray with a cluster address, and ``uri`` a local file.
+    """
+    if not launcher or launcher.get("backend") != Backend.RAY.value:
+        return
+    try:
+        check_store_reachable(key, uri, RayOptions.parse(launcher.get("ray") or {}))
+    except FurcateConfigError as exc:
+        raise as_option_error(exc) from None

@@ -1,0 +1,190 @@
+"""Connect to Ray and turn the cluster's resources into slots.
+
+A slot is one long-lived actor holding ``1 / jobs_per_gpu`` of a GPU (or the share that
+``gpu_mem_per_job_gb`` of ``ray.gpu_memory_gb`` implies), ``cpus_per_job`` CPUs, or, with no
+GPU in the cluster, ``cpus_per_job`` (default 1) CPUs; ``max_workers`` caps their number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.execution.slots import Slot, SlotOptions, SlotPlan
+from furcate_hydra.ray_backend.options import ADDRESS_KEY, BACKEND_KEY, RayOptions, parse_address
+
+__all__ = ["RaySlotPlan", "connect", "import_ray", "plan_ray_slots"]
+
+log = logging.getLogger(__name__)
+
+_CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class RaySlotPlan(SlotPlan):
+    """Slots as Ray resource requests; the GPUs themselves are chosen by Ray, per actor."""
+
+    gpus_per_slot: float = 0.0
+    cpus_per_slot: float = 0.0
+    address: str = "a Ray instance on this machine"
+    nodes: int = 1
+
+    def describe(self) -> str:
+        n = len(self.slots)
+        each = f"{self.gpus_per_slot:g} GPU" if self.gpus_per_slot else "no GPU"
+        if self.cpus_per_slot:
+            each += f", {self.cpus_per_slot:g} CPU"
+        return (
+            f"{n} Ray slot{'' if n == 1 else 's'} ({each} each) on {self.nodes} "
+            f"node{'' if self.nodes == 1 else 's'} of {self.address}"
+        )
+
+
+def import_ray() -> ModuleType:
+    """Ray, or an error that says how to install it."""
+    # Jobs' output is echoed through Ray's log forwarding, which by default folds lines that
+    # several jobs print alike into "[repeated 4x across cluster]": show each job's, as the
+    # local backend does (read once, when Ray is first imported; a user's setting wins).
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    try:
+        import ray
+    except ImportError as exc:
+        raise FurcateConfigError(
+            BACKEND_KEY,
+            "ray",
+            f"Ray is not installed in this Python ({exc})",
+            "pip install 'furcate-hydra[ray]' (on the launcher's machine and every node), "
+            f"or set {BACKEND_KEY}=local",
+        ) from None
+    return ray
+
+
+def connect(options: RayOptions, log_to_driver: bool) -> ModuleType:
+    """Join the cluster at ``options.address`` (or start Ray here); returns the ``ray`` module.
+
+    Raises:
+        FurcateConfigError: Ray is missing, or nothing answers at the address.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    host_port = None if options.address is None else parse_address(options.address)
+    if host_port is not None:
+        _check_answers(options.address, *host_port)
+    kwargs: dict[str, Any] = {
+        "address": options.address,
+        "namespace": options.namespace,
+        "runtime_env": options.runtime_env or None,
+        "log_to_driver": log_to_driver,
+    }
+    if options.address is None:
+        kwargs.update(include_dashboard=False)
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+        raise FurcateConfigError(
+            ADDRESS_KEY,
+            options.address,
+            f"Ray could not connect to a cluster there ({_first_line(exc)})",
+            "start the cluster first (`ray start --head` on its head node), check the "
+            f"address with `ray status --address=...`, or leave {ADDRESS_KEY} unset to start "
+            "Ray on this machine",
+        ) from None
+    return ray
+
+
+def plan_ray_slots(options: SlotOptions, ray_options: RayOptions, ray: Any) -> RaySlotPlan:
+    """Slots from the resources the cluster has now.
+
+    Raises:
+        FurcateConfigError: an option has no meaning on Ray, or the cluster lacks what one
+            slot needs.
+    """
+    if options.gpus is not None:
+        raise FurcateConfigError(
+            "hydra.launcher.gpus",
+            options.gpus,
+            "names GPUs of this machine, but with backend=ray Ray chooses each job's GPU",
+            "leave hydra.launcher.gpus unset, and size slots with jobs_per_gpu or "
+            "gpu_mem_per_job_gb",
+        )
+    resources = ray.cluster_resources()
+    gpus, cpus = float(resources.get("GPU", 0)), float(resources.get("CPU", 0))
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    where = ray_options.address or "a Ray instance on this machine"
+    if gpus >= 1:
+        share = _gpu_share(options, ray_options)
+        count = int(gpus / share + 1e-9)
+        # Without cpus_per_job a slot holds no CPU: as locally, the GPU is what is shared out.
+        cpus_each = float(options.cpus_per_job or 0)
+    elif options.allow_cpu:
+        share, cpus_each = 0.0, float(options.cpus_per_job or 1)
+        count = int(cpus // cpus_each)
+    else:
+        raise FurcateConfigError(
+            "hydra.launcher.allow_cpu",
+            False,
+            f"the Ray cluster at {where} has no GPU (resources: {_short(resources)})",
+            "add nodes with GPUs (`ray start ... --num-gpus=N`), or set "
+            "hydra.launcher.allow_cpu=true to run on CPU slots",
+        )
+    if cpus_each:
+        count = min(count, int(cpus // cpus_each))
+    count = min(count, options.max_workers or count)
+    if count < 1:
+        raise FurcateConfigError(
+            "hydra.launcher.cpus_per_job",
+            options.cpus_per_job,
+            f"no slot fits the Ray cluster at {where} (resources: {_short(resources)})",
+            "lower cpus_per_job (or leave it unset), or add nodes to the cluster",
+        )
+    slots = tuple(Slot(i, None, None, options.cpus_per_job) for i in range(count))
+    return RaySlotPlan(slots, "ray", "", share, cpus_each, where, nodes)
+
+
+def _gpu_share(options: SlotOptions, ray_options: RayOptions) -> float:
+    """The fraction of one GPU a job asks Ray for."""
+    gb = options.gpu_mem_per_job_gb
+    if gb is None:
+        return 1.0 / (options.jobs_per_gpu or 1)
+    if ray_options.gpu_memory_gb is None:
+        raise FurcateConfigError(
+            "hydra.launcher.gpu_mem_per_job_gb",
+            gb,
+            "with backend=ray the launcher cannot read the GPUs' memory on other nodes",
+            "also set hydra.launcher.ray.gpu_memory_gb to the memory of one of the cluster's "
+            "GPUs, or use hydra.launcher.jobs_per_gpu",
+        )
+    jobs = min(max(1, int(ray_options.gpu_memory_gb // gb)), options.max_jobs_per_gpu)
+    return 1.0 / jobs
+
+
+def _check_answers(address: str | None, host: str, port: int) -> None:
+    # Ray retries an address that does not answer for a long while; say so in seconds.
+    try:
+        with contextlib.closing(socket.create_connection((host, port), _CONNECT_TIMEOUT_S)):
+            pass
+    except OSError as exc:
+        raise FurcateConfigError(
+            ADDRESS_KEY,
+            address,
+            f"nothing answers at {host}:{port} ({exc.strerror or exc})",
+            "start the cluster's head there (`ray start --head --port=PORT`), fix the "
+            f"address, or leave {ADDRESS_KEY} unset to start Ray on this machine",
+        ) from None
+
+
+def _short(resources: dict[str, Any]) -> str:
+    keys = ("CPU", "GPU")
+    return ", ".join(f"{k}={resources.get(k, 0):g}" for k in keys)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

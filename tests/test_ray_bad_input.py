@@ -1,0 +1,113 @@
+"""Bad ``hydra.launcher.backend`` / ``hydra.launcher.ray`` input: refused before anything
+starts, naming the key, the bad value and the fix. Checked in this process (no Ray cluster is
+needed: each refusal comes before Ray is joined), plus one real CLI run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.hydra_layer.backends import plan_for
+from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
+from tests.conftest import run_probe_sweep
+from tests.option_helpers import parse_launcher_options
+from tests.ray_cluster import RAY_MISSING, free_port
+
+
+def check(options: dict[str, Any]) -> None:
+    """What the launcher does with ``hydra.launcher`` before any job: parse, then plan."""
+    merged: Any = OmegaConf.to_container(
+        OmegaConf.merge(OmegaConf.structured(FurcateLauncherConf), options)
+    )
+    plan_for(parse_launcher_options(merged))
+
+
+def refused(options: dict[str, Any]) -> str:
+    with pytest.raises(FurcateConfigError) as raised:
+        check(options)
+    message = str(raised.value)
+    assert "Fix:" in message, message
+    return message
+
+
+def test_an_unknown_backend_is_named_with_the_allowed_ones() -> None:
+    message = refused({"backend": "slurm"})
+    assert "Invalid hydra.launcher.backend='slurm'" in message
+    assert "local, ray" in message
+
+
+def test_a_malformed_address_is_named() -> None:
+    message = refused({"backend": "ray", "ray": {"address": "head-node"}})
+    assert "Invalid hydra.launcher.ray.address='head-node'" in message
+    assert "HOST:PORT" in message
+
+
+def test_the_ray_backend_without_ray_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where it is absent
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    message = refused({"backend": "ray"})
+    assert "Invalid hydra.launcher.backend='ray'" in message
+    assert "pip install 'furcate-hydra[ray]'" in message
+
+
+def test_an_address_where_nothing_answers_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray", reason=RAY_MISSING)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # a server: not refused
+    address = f"127.0.0.1:{free_port()}"
+    message = refused({"backend": "ray", "ray": {"address": address}})
+    assert f"Invalid hydra.launcher.ray.address='{address}'" in message
+    assert "nothing answers" in message and "ray start --head" in message
+
+
+@pytest.mark.parametrize("source", ["option", "environment"])
+def test_a_sqlite_store_is_refused_on_a_cluster(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    options: dict[str, Any] = {"backend": "ray", "ray": {"address": "127.0.0.1:6379"}}
+    if source == "option":
+        options["mlflow"] = {"tracking_uri": uri}
+        key = "hydra.launcher.mlflow.tracking_uri"
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        key = "MLFLOW_TRACKING_URI"
+    message = refused(options)
+    assert f"Invalid {key}='{uri}'" in message
+    assert "cannot reach" in message and "mlflow server" in message
+
+
+def test_a_sqlite_store_on_a_cluster_stops_the_cli_before_any_job(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    result = run_probe_sweep(
+        tmp_path, "+i=0,1", "hydra.launcher.backend=ray", "hydra.launcher.ray.address=auto"
+    )
+    assert result.returncode != 0
+    assert f"Invalid MLFLOW_TRACKING_URI='{mlflow_store}'" in result.stderr, result.stderr
+    assert "mlflow server" in result.stderr
+    assert not list((tmp_path / "sweep").glob("*/probe.json"))
+
+
+def test_a_sqlite_optuna_storage_is_refused_on_a_cluster(tmp_path: Path) -> None:
+    from furcate_hydra.hydra_layer.backends import check_sweeper_storage
+    from furcate_hydra.hydra_layer.options import OptionError
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    launcher = {"backend": "ray", "ray": {"address": "10.0.0.1:6379"}}
+    with pytest.raises(OptionError) as raised:
+        check_sweeper_storage(launcher, "hydra.sweeper.storage", storage)
+    message = str(raised.value)
+    assert f"Invalid hydra.sweeper.storage='{storage}'" in message
+    assert "postgresql://" in message and "Fix:" in message
+    # the local backend, a Ray instance of this machine, or an RDB server: accepted
+    check_sweeper_storage({"backend": "local"}, "hydra.sweeper.storage", storage)
+    check_sweeper_storage({"backend": "ray", "ray": {}}, "hydra.sweeper.storage", storage)
+    server = "postgresql://user:pw@db.example/optuna"
+    check_sweeper_storage(launcher, "hydra.sweeper.storage", server)
