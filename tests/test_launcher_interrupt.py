@@ -78,6 +78,9 @@ def test_interrupt_leaves_no_process_behind(
         assert "Traceback" not in output
         rows = list(csv.DictReader((tmp_path / "sweep" / "run_data.csv").open()))
         assert sorted(row["status"] for row in rows) == ["KILLED", "KILLED"]
+        # the summary counts them too, on the console and in summary.md
+        assert "sweep of 2 jobs: 2 killed" in output
+        assert "| killed | 2 |" in (tmp_path / "sweep" / "summary.md").read_text()
 
 
 def test_ctrl_c_during_the_fork_servers_warm_up_stops_the_sweep(

@@ -317,6 +317,17 @@ class LaunchSession:
         self.view.stop()
         self.executor.close()
         stopped = len(self._jobs)
+        for job in self._jobs.values():  # the summary counts what the interrupt stopped
+            started = job.started_at is not None
+            self.summary.did_not_finish(
+                Unfinished(
+                    job.num,
+                    job.label,
+                    "killed" if started else "not started",
+                    "launcher stopped",
+                    str(job.paths.stderr if job.paths.stderr.exists() else job.paths.output_dir),
+                )
+            )
         peaks = {key: self._end_trace(key) for key in self._jobs}
         if self.tracer is not None:
             self.tracer.close()  # the last metrics and plots, before the store closes
