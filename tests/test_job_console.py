@@ -25,6 +25,9 @@ from tests.store_helpers import job_runs, sweep_runs
 EPOCHS = 3
 USER_WARNING = "furcate-test-user-warning"
 
+# One worker runs them all, so the module's sweep runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("job-console")
+
 
 @dataclass(frozen=True)
 class Sweep:
