@@ -49,6 +49,11 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
         "2",
     ),
     ({"rerun": "sometimes"}, {}, "hydra.launcher.rerun", "'sometimes'"),
+    ({"backend": "slurm"}, {}, "hydra.launcher.backend", "'slurm'"),
+    ({"ray": {"address": "head"}}, {}, "hydra.launcher.ray.address", "'head'"),
+    ({"ray": {"runtime_env": [1]}}, {}, "hydra.launcher.ray.runtime_env", "[1]"),
+    ({"ray": {"gpu_memory_gb": 0}}, {}, "hydra.launcher.ray.gpu_memory_gb", "0"),
+    ({"ray": {"start_timeout_s": -1}}, {}, "hydra.launcher.ray.start_timeout_s", "-1"),
     ({"mlflow": {"heartbeat_s": 0}}, {}, "hydra.launcher.mlflow.heartbeat_s", "0"),
     (
         {"mlflow": {"tracking_uri": "http://127.0.0.1:9"}},
