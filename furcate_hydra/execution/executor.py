@@ -13,6 +13,8 @@ The contract every implementation keeps:
 - When the executor's own machinery dies, it is broken: every job it holds comes back LOST with
   the reason, and ``submit`` raises :class:`~furcate_hydra.errors.ExecutorBrokenError`.
 - ``close`` stops every job still running (and its process group) and is idempotent.
+- Nothing starts before ``start``, ``wait_ready`` or the first ``submit``: an executor that
+  never gets a job costs nothing.
 
 The local fork-server pool (``furcate_hydra.execution.local_pool``) is one implementation.
 """
@@ -74,6 +76,18 @@ class Executor(Protocol):
 
     def describe(self) -> str:
         """Where jobs run, in one log line."""
+        ...
+
+    def start(self) -> None:
+        """Start the machinery that runs jobs (it may go on loading after this returns)."""
+        ...
+
+    def wait_ready(self) -> None:
+        """Start the machinery if needed and wait until it can run jobs.
+
+        Raises:
+            ForkServerError: it could not start (the error says why).
+        """
         ...
 
     def set_context(self, context: bytes) -> None:
