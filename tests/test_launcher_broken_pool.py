@@ -14,6 +14,7 @@ from hydra.core.utils import JobStatus
 
 from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution.executor import EventKind, JobEvent
+from furcate_hydra.execution.forkserver.fork import SERVER_NAME
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.hydra_layer.streaming import JobRequest
 from furcate_hydra.store import Tags
@@ -89,7 +90,8 @@ def test_a_sweep_whose_fork_server_dies_stops_with_the_reason_and_records_it(
         descendants = wait_for_descendants(launcher, 7, timeout=60)
         server = None
         for child in launcher.children():
-            if "forkserver.server" in " ".join(child.cmdline()):
+            # a fork of the launcher, named so; or, where it cannot fork, a fresh interpreter
+            if child.name() == SERVER_NAME or "forkserver.server" in " ".join(child.cmdline()):
                 server = child.pid
         assert server is not None and len(descendants) >= 7
         os.kill(server, signal.SIGKILL)

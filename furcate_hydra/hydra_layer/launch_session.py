@@ -4,6 +4,9 @@ launch(overrides...) ──► every job's dir and log inside the sweep dir? (ch
                         the pool starts; job_dirs) ──► else refused, nothing runs
                     ──► compose each job's config here (SweepComposer, job num/id): a JobRecord
                     ──► recorder: fingerprint, one MLflow lookup per chunk ──► skip / resume / run
+                    ──► the first job that is not skipped warms the session up: the fork server
+                        (a fork of this process), then MLflow opens the store; a sweep whose
+                        every job is skipped starts neither
                     ──► recorder: claim the configs to run, one lookup of rivals per chunk ──►
                         lost: held by another launcher, waited for (no process started)
                     ──► executor.submit(record: payload = config, env = run + dirs + trial)
@@ -58,7 +61,7 @@ from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
 from furcate_hydra.reasons import one_line_reason
-from furcate_hydra.store import Action, Decision, RunRecord, code_version
+from furcate_hydra.store import Action, Decision, RunRecord, code_version, database_opened
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +98,9 @@ class LaunchSession:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        # Plan and open the store before anything runs, so bad options or an unreachable
-        # store cost nothing.
-        check_job_name(config)  # it names the store's experiment, opened below
+        # Plan before anything runs, so bad options cost nothing. Nothing starts here: the
+        # fork server and the store wait for the first job that is not skipped (_warm_up).
+        check_job_name(config)  # it names the store's experiment
         try:
             plan = plan_slots(options.slots)
             code = code_version(_module_file(task_function))
@@ -108,15 +111,13 @@ class LaunchSession:
         self._context = self._context_blob()
         self.tally = SweepTally(len(plan.slots))
         self.view = make_view(options.progress.mode, self.tally, options.progress.every_s)
+        self._view_on = False
+        self._warm = False
         output = self.view.write_output if self.view.owns_output else None
-        # seconds of imports, before the first job can start
-        log.info(
-            "furcate: starting the fork server (importing %s once, for every job to start from) …",
-            ", ".join(options.pool.preload) + " and the task's module"
-            if options.pool.preload
-            else "the task's module",
-        )
-        self.executor = start_executor(plan, self._context, options, output)
+        # a fork of this process made later has Hydra's singletons as they are then; none is
+        # made where MLflow has database connections open here already (an earlier launch)
+        warm = None if database_opened() else HydraJobContext(task_function, hydra_context, None)
+        self.executor = start_executor(plan, self._context, options, output, warm)
         self.executor.add_listener(self.tally.on_event)
         self.executor.add_listener(self._on_event)
         self.summary = SweepSummary()
@@ -171,6 +172,8 @@ class LaunchSession:
         holds come out once it ended there, with its outcome.
         """
         jobs = [self._compose(request) for request in requests]
+        if not self.recorder.decides_without_store:
+            self._warm_up()  # the lookup needs the store, and the server is forked before it
         if self._failing_fast is not None:
             for job in jobs:  # never started, never recorded: a rerun runs them
                 self.submitted += 1
@@ -182,6 +185,11 @@ class LaunchSession:
         return jobs
 
     def _dispatch(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> None:
+        if self.recorder.needs_store(decisions) or any(
+            d.action not in (Action.SKIP, Action.REPORT_FAILURE) for d in decisions
+        ):
+            self._warm_up()
+            self.start_view()
         decisions = self.recorder.claim(jobs, decisions)
         for job, decision in zip(jobs, decisions, strict=True):
             interrupts.check()  # composing a batch can take a while: a lost Ctrl-C stops it
@@ -225,6 +233,35 @@ class LaunchSession:
                 self._finish(job)
                 raise
             self._jobs[job.key] = job
+
+    def _warm_up(self) -> None:
+        """Once, before the first job that is not skipped: MLflow's modules, then the fork
+        server (a fork of this process: it gets them, and the task's, for free; made before
+        the store opens, so it shares no connection), then the store while the server loads
+        anything it still needs, then wait for the server. A Ctrl-C during it ends the app
+        with one line."""
+        if self._warm:
+            return
+        try:
+            self.recorder.load_store_modules()
+            self.executor.start()
+            self.recorder.open_store()
+            self.executor.wait_ready()
+        except KeyboardInterrupt:
+            log.warning("furcate: interrupted while starting; no job ran")
+            raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
+        self._warm = True
+
+    def start_view(self) -> None:
+        """Show the progress view (after the fork: a fork copies no other thread)."""
+        if not self._view_on:
+            self._view_on = True
+            self.view.start()
+
+    def stop_view(self) -> None:
+        if self._view_on:
+            self._view_on = False
+            self.view.stop()
 
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
         """Jobs that ended: here, or (held elsewhere) in another launcher; at least one unless
@@ -294,7 +331,7 @@ class LaunchSession:
         if self._closed:
             return 0
         self._closed = True
-        self.view.stop()
+        self.stop_view()
         self.executor.close()
         stopped = len(self._jobs)
         self.recorder.close(interrupted, self._jobs.values())
@@ -399,10 +436,15 @@ class LaunchSession:
 
 
 def start_executor(
-    plan: SlotPlan, context: bytes, options: LauncherOptions, output: ConsoleOutput | None
+    plan: SlotPlan,
+    context: bytes,
+    options: LauncherOptions,
+    output: ConsoleOutput | None,
+    warm: HydraJobContext | None,
 ) -> Executor:
-    """The executor that runs the session's jobs: the one place a backend is chosen."""
-    return LocalPool(plan, context, options.pool, output)
+    """The executor that runs the session's jobs: the one place a backend is chosen. It
+    starts nothing until it is asked to (``start``, ``wait_ready``, ``submit``)."""
+    return LocalPool(plan, context, options.pool, output, warm)
 
 
 def check_batch_paths(
@@ -457,10 +499,9 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     session.refresh_context()
     session.submitted = session.skipped = session.skipped_stale = session.elsewhere = 0
-    session.view.start()
     try:
-        yield
-        session.view.stop()
+        yield  # the view starts with the first job that runs (LaunchSession.start_view)
+        session.stop_view()
         session.recorder.flush()
         session.summary.pruned(session.tally.snapshot().pruned)
         session.write_summary()
@@ -487,7 +528,7 @@ def streaming(session: LaunchSession) -> Iterator[None]:
                 code.key if code is not None else "unknown",
             )
     except ExecutorBrokenError:
-        session.view.stop()
+        session.stop_view()
         session.close()  # the sweep failed; it was not interrupted
         raise
     except KeyboardInterrupt:

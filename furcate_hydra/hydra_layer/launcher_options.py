@@ -129,12 +129,14 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
             "must be a whole number of retries, 0 or more",
             "set hydra.launcher.max_retries=0 (no retries) or a positive count such as 2",
         )
-    preload = name_list(
-        "hydra.launcher.preload",
-        plain(options["preload"]),
-        "module names",
-        "hydra.launcher.preload=[torch,pytorch_lightning] (or [] to preload nothing)",
-    )
+    preload = None
+    if options["preload"] is not None:  # unset: what the launcher's process has loaded
+        preload = name_list(
+            "hydra.launcher.preload",
+            plain(options["preload"]),
+            "module names",
+            "hydra.launcher.preload=[torch,pytorch_lightning], or leave it unset",
+        )
     return PoolOptions(
         max_retries=max_retries,
         preload=preload,

@@ -1,6 +1,7 @@
 """Every job an MLflow run: decide skip/resume/run per batch, record outcomes, write run data.
 
-prepare(jobs) ──► fingerprints ──► one store lookup ──► a Decision per job
+prepare(jobs) ──► fingerprints ──► one store lookup ──► a Decision per job (a sqlite store is
+                 read without MLflow until something must be written: needs_store)
 claim(jobs, decisions) ──► jobs to run or resume: a claim each, one lookup of rivals ──►
                            lost ones become ELSEWHERE (another launcher holds the config)
 open(job, decision) ──► FINISHED before    → JobReturn from the record, not run
@@ -10,14 +11,16 @@ follow(waiting) ──► one lookup: configs held elsewhere that ended (their o
                     or a failure) or were let go (decided again)
 record(job, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artifacts,
                            run_data.json; a row for run_data.csv (kept on disk: SweepRows)
-The first batch also opens the sweep's parent run and writes furcate_sweep.json, which says
-where the sweep records (``furcate status`` starts from it).
+The first batch writes furcate_sweep.json, which says where the sweep records (``furcate status``
+starts from it); the first job to run opens the sweep's parent run, and the record names it.
+A sweep that runs nothing writes nothing into the store.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -41,20 +44,25 @@ from furcate_hydra.store import (
     CodeCheck,
     CodeVersion,
     Decision,
+    LauncherIdentity,
     RunRecord,
     RunStatus,
     RunStore,
     Tags,
+    TrackingUri,
+    check_tracking_uri,
     flatten_params,
     resolve_tracking_uri,
 )
 from furcate_hydra.store.fingerprint import fingerprint
+from furcate_hydra.store.records import RETURN_VALUE_ARTIFACT, decode_return_value
 from furcate_hydra.store.run_data import (
     JobRow,
     update_run_data_metrics,
     write_ordered_run_data_csv,
     write_run_data_json,
 )
+from furcate_hydra.store.sqlite_reader import SqliteReader
 from furcate_hydra.store.sweep_record import SweepRecord
 from furcate_hydra.store.sweep_rows import SweepRows
 from furcate_hydra.store.ui_link import experiment_link
@@ -86,28 +94,70 @@ class JobRecorder:
         self._code_check = CodeCheck(code.key if code else None, options.code_change)
         self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
         self._invocation = " ".join(given_overrides(launcher_config, "task"))
-        self.store: RunStore | None = None
+        self.tracking: TrackingUri | None = None
         if options.enabled:
-            tracking = resolve_tracking_uri(options.tracking_uri)
-            experiment = options.experiment_name or str(launcher_config.hydra.job.name)
-            # loading MLflow and, the first time, creating a store's tables takes seconds
-            log.info("furcate: opening the MLflow store %s …", tracking.uri)
-            self.store = RunStore(
-                tracking,
-                experiment,
-                options.heartbeat_s,
-                options.stale_after_s,
-                sqlite_wal=options.sqlite_wal,
-            )
-            log.info(
-                "furcate: recording runs in experiment %r; to see them: %s",
-                experiment,
-                experiment_link(tracking.uri, self.store.experiment_id),
-            )
+            self.tracking = resolve_tracking_uri(options.tracking_uri)
+            # before anything runs: an unreachable server, a damaged sqlite file stop the sweep
+            check_tracking_uri(self.tracking)
+        self.experiment = options.experiment_name or str(launcher_config.hydra.job.name)
+        self.store: RunStore | None = None  # opened by open_store, when something is written
+        self._reader: SqliteReader | None = None
+        self._identity = LauncherIdentity.current()
+        self._started_at: float | None = None  # when the sweep's record was first written
         self._sweep_recorded = False
         self._rows = SweepRows()
         self._claims: dict[str, Claim] = {}  # won, by job key, until the job's run is opened
         self._csv_written = 0.0
+
+    # -- the store ----------------------------------------------------------------------
+
+    @property
+    def decides_without_store(self) -> bool:
+        """Whether ``prepare`` can decide before the store is opened (not recording, or a
+        sqlite store, read without MLflow)."""
+        if self.store is not None or self.tracking is None:
+            return True
+        return _sqlite_path(self.tracking) is not None
+
+    def needs_store(self, decisions: Sequence[Decision]) -> bool:
+        """Whether these decisions write into the store (runs to open, claims to follow) or
+        read more than the reader can (a return value kept as an artifact)."""
+        if self.tracking is None or self.store is not None:
+            return False
+        for decision in decisions:
+            if decision.action not in (Action.SKIP, Action.REPORT_FAILURE):
+                return True
+            record = decision.record
+            text = record.tags.get(Tags.RETURN_VALUE, "") if record is not None else ""
+            if text == "artifact:" + RETURN_VALUE_ARTIFACT:
+                return True
+        return False
+
+    def load_store_modules(self) -> None:
+        """Import MLflow (seconds), without opening the store: see ``RunStore.load_modules``."""
+        if self.tracking is not None and self.store is None:
+            RunStore.load_modules(self.tracking)
+
+    def open_store(self) -> None:
+        """Open the store through MLflow, once: from now on everything goes through it."""
+        if self.tracking is None or self.store is not None:
+            return
+        # loading MLflow and, the first time, creating a store's tables takes seconds
+        log.info("furcate: opening the MLflow store %s …", self.tracking.uri)
+        self.store = RunStore(
+            self.tracking,
+            self.experiment,
+            self.options.heartbeat_s,
+            self.options.stale_after_s,
+            sqlite_wal=self.options.sqlite_wal,
+            checked=True,
+        )
+        self._reader = None
+        log.info(
+            "furcate: recording runs in experiment %r; to see them: %s",
+            self.experiment,
+            experiment_link(self.tracking.uri, self.store.experiment_id),
+        )
 
     # -- before jobs run ----------------------------------------------------------------
 
@@ -116,12 +166,38 @@ class JobRecorder:
         for job in jobs:
             job.fingerprint = fingerprint(job.task_config, self.options.fingerprint_ignore)
         decisions: dict[str, Decision] = {}
-        self._ensure_sweep_run()
+        fingerprints = {str(j.fingerprint) for j in jobs}
         if self.store is not None:
-            fingerprints = {str(j.fingerprint) for j in jobs}
             decisions = self.store.decide(fingerprints, self.options.rerun, self._code_check)
+        elif self.tracking is not None:
+            decisions = self._read_decisions(fingerprints)
+        if self._started_at is None:
+            self._write_sweep_record()
         run = Decision(Action.RUN)
         return [decisions.get(str(job.fingerprint), run) for job in jobs]
+
+    def _read_decisions(self, fingerprints: set[str]) -> dict[str, Decision]:
+        """Decide from the sqlite file itself; a store it cannot read is opened by MLflow."""
+        assert self.tracking is not None
+        path = _sqlite_path(self.tracking)
+        try:
+            if path is None:
+                raise sqlite3.DatabaseError(f"{self.tracking.uri} is no sqlite file")
+            if self._reader is None:
+                self._reader = SqliteReader(path, self.experiment)
+            return self._reader.decide(
+                fingerprints,
+                self.options.rerun,
+                self._code_check,
+                self._identity,
+                self.options.stale_after_s,
+            )
+        except sqlite3.Error as exc:
+            log.debug("furcate: reading %s through MLflow: %s", self.tracking.uri, exc)
+            self._reader = None
+            self.open_store()
+            assert self.store is not None
+            return self.store.decide(fingerprints, self.options.rerun, self._code_check)
 
     def claim(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> list[Decision]:
         """Claim the configs of the jobs about to run or resume, one lookup for all of them.
@@ -129,6 +205,7 @@ class JobRecorder:
         A config twice in the batch is claimed once; its twin waits for that run."""
         if self.store is None:
             return list(decisions)
+        self._ensure_sweep_run()
         claiming = [Action.RUN, Action.RESUME]
         requests: list[ClaimRequest] = []
         owners: dict[str, str] = {}  # fingerprint → key of the job that claims it
@@ -183,8 +260,8 @@ class JobRecorder:
         once the job's run is open (its claim's new run, or the interrupted one) and its env
         is set. Not for ELSEWHERE: such a job waits (``follow``)."""
         record = decision.record
-        if decision.action is Action.SKIP and record is not None and self.store is not None:
-            value = self.store.recorded_return_value(record)
+        if decision.action is Action.SKIP and record is not None and self.tracking is not None:
+            value = self._recorded_return_value(record)
             recorded = Path(record.output_dir) if record.output_dir else None
             # the recorded run's dir holds what the task wrote; once deleted, the new job dir
             # (its .hydra/ files, its log, a run_data.json naming the run) stands in for it
@@ -284,24 +361,37 @@ class JobRecorder:
             **(self.code.tags() if self.code is not None else {}),
         }
 
+    def _recorded_return_value(self, record: RunRecord) -> Any:
+        if self.store is not None:
+            return self.store.recorded_return_value(record)
+        text = record.tags.get(Tags.RETURN_VALUE)  # not an artifact: see needs_store
+        return None if text is None else decode_return_value(text)
+
     def _ensure_sweep_run(self) -> None:
-        """The sweep's parent run, and the sweep dir's record of where it is, once."""
-        if self._sweep_recorded:
+        """The sweep's parent run, and the sweep dir's record naming it, once."""
+        if self._sweep_recorded or self.store is None:
             return
         self._sweep_recorded = True
-        store = self.store
-        if store is not None:
-            sweep_dir = self.sweep.sweep_dir
-            store.start_sweep(
-                sweep_run_name(time.time(), self._invocation),
-                {Tags.SWEEP_DIR: str(sweep_dir), Tags.OVERRIDES: self._invocation},
-            )
+        self.store.start_sweep(
+            sweep_run_name(time.time(), self._invocation),
+            {Tags.SWEEP_DIR: str(self.sweep.sweep_dir), Tags.OVERRIDES: self._invocation},
+        )
+        self._write_sweep_record()
+
+    def _write_sweep_record(self) -> None:
+        """furcate_sweep.json: the store and experiment, and the sweep run once there is one."""
+        if self._started_at is None:
+            self._started_at = time.time()
+        store, tracking, reader = self.store, self.tracking, self._reader
+        experiment_id = store.experiment_id if store else None
+        if reader is not None:
+            experiment_id = reader.experiment_id
         SweepRecord(
-            tracking_uri=store.tracking_uri if store else None,
-            experiment_id=store.experiment_id if store else None,
-            experiment_name=store.experiment_name if store else None,
+            tracking_uri=tracking.uri if tracking else None,
+            experiment_id=experiment_id,
+            experiment_name=self.experiment if tracking else None,
             sweep_run_id=store.sweep_run_id if store else None,
-            started_at=time.time(),
+            started_at=self._started_at,
             stale_after_s=self.options.stale_after_s,
         ).write(self.sweep.sweep_record)
 
@@ -344,7 +434,7 @@ class JobRecorder:
 
     @property
     def tracking_uri(self) -> str | None:
-        return self.store.tracking_uri if self.store is not None else None
+        return self.tracking.uri if self.tracking is not None else None
 
     @property
     def sweep_run_id(self) -> str | None:
@@ -355,9 +445,10 @@ class JobRecorder:
         """Rewrite run_data.csv (and log it to the sweep's run)."""
         if (not force and time.time() - self._csv_written < _CSV_EVERY_S) or not self._rows:
             return
-        if self.store is not None:
+        source = self.store or self._metrics_reader()
+        if source is not None:
             while run_ids := self._rows.pending_runs(_METRICS_CHUNK):
-                metrics = self.store.latest_metrics(run_ids)
+                metrics = source.latest_metrics(run_ids)
                 for row in self._rows.set_metrics(run_ids, metrics):
                     update_run_data_metrics(Path(row.output_dir) / JobPaths.RUN_DATA, row.metrics)
         path = self.sweep.run_data_csv
@@ -366,6 +457,13 @@ class JobRecorder:
         self._csv_written = time.time()
         if self.store is not None and force:
             self.store.log_sweep_artifact(path)
+
+    def _metrics_reader(self) -> SqliteReader | None:
+        if self._reader is None and self.tracking is not None:
+            path = _sqlite_path(self.tracking)
+            if path is not None:  # the reader decided every job: it is a readable store
+                self._reader = SqliteReader(path, self.experiment)
+        return self._reader
 
     def close(self, interrupted: bool, in_flight: Iterable[JobRecord]) -> None:
         """Runs of jobs still in flight are KILLED (resumable); claims of jobs that never
@@ -454,6 +552,14 @@ def _details(job: JobRecord) -> dict[str, Any]:
         "stdout": str(job.paths.stdout),
         "stderr": str(job.paths.stderr),
     }
+
+
+def _sqlite_path(tracking: TrackingUri) -> Path | None:
+    """The file of a sqlite store (absolute, see resolve_tracking_uri); None for another."""
+    prefix = "sqlite:///"
+    if not tracking.uri.startswith(prefix) or "?" in tracking.uri:
+        return None
+    return Path(tracking.uri[len(prefix) :])
 
 
 def _link_checkpoints(paths: JobPaths) -> None:

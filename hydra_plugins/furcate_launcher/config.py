@@ -45,8 +45,9 @@ class FurcateLauncherConf:
     allow_cpu: bool = True
     # re-run a job whose process crashed (signal, os._exit) up to this many times
     max_retries: int = 0
-    # modules imported once by the warm fork server so jobs start in milliseconds
-    preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning", "mlflow"])
+    # modules the warm fork server imports besides what the launcher's process has loaded
+    # (the task's module and its imports: the server is a fork of it); unset: nothing more
+    preload: Optional[List[str]] = None
     # copy each job's stdout/stderr to the console as well as to its log files
     echo_output: bool = True
     # the sweep's progress: auto (a live view on a terminal, plain status lines otherwise),
