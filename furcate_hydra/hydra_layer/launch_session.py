@@ -181,7 +181,12 @@ class LaunchSession:
                 self._ready.append((job.key, self._not_started(job)))
             return jobs
         self.submitted += len(jobs)
-        self._dispatch(jobs, self.recorder.prepare(jobs))
+        decisions = self.recorder.prepare(jobs)
+        if decisions is None:  # only MLflow can read this store: open it first
+            self._warm_up()
+            decisions = self.recorder.prepare(jobs)
+            assert decisions is not None
+        self._dispatch(jobs, decisions)
         return jobs
 
     def _dispatch(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> None:

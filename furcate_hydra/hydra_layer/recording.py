@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -44,28 +43,24 @@ from furcate_hydra.store import (
     CodeCheck,
     CodeVersion,
     Decision,
-    LauncherIdentity,
     RunRecord,
     RunStatus,
     RunStore,
     Tags,
-    TrackingUri,
     check_tracking_uri,
     flatten_params,
     resolve_tracking_uri,
 )
+from furcate_hydra.store.access import StoreAccess
 from furcate_hydra.store.fingerprint import fingerprint
-from furcate_hydra.store.records import RETURN_VALUE_ARTIFACT, decode_return_value
 from furcate_hydra.store.run_data import (
     JobRow,
     update_run_data_metrics,
     write_ordered_run_data_csv,
     write_run_data_json,
 )
-from furcate_hydra.store.sqlite_reader import SqliteReader
 from furcate_hydra.store.sweep_record import SweepRecord
 from furcate_hydra.store.sweep_rows import SweepRows
-from furcate_hydra.store.ui_link import experiment_link
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +89,18 @@ class JobRecorder:
         self._code_check = CodeCheck(code.key if code else None, options.code_change)
         self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
         self._invocation = " ".join(given_overrides(launcher_config, "task"))
-        self.tracking: TrackingUri | None = None
+        self.access: StoreAccess | None = None  # None: not recording
         if options.enabled:
-            self.tracking = resolve_tracking_uri(options.tracking_uri)
+            tracking = resolve_tracking_uri(options.tracking_uri)
             # before anything runs: an unreachable server, a damaged sqlite file stop the sweep
-            check_tracking_uri(self.tracking)
-        self.experiment = options.experiment_name or str(launcher_config.hydra.job.name)
-        self.store: RunStore | None = None  # opened by open_store, when something is written
-        self._reader: SqliteReader | None = None
-        self._identity = LauncherIdentity.current()
+            check_tracking_uri(tracking)
+            self.access = StoreAccess(
+                tracking,
+                options.experiment_name or str(launcher_config.hydra.job.name),
+                heartbeat_s=options.heartbeat_s,
+                stale_after_s=options.stale_after_s,
+                sqlite_wal=options.sqlite_wal,
+            )
         self._started_at: float | None = None  # when the sweep's record was first written
         self._sweep_recorded = False
         self._rows = SweepRows()
@@ -112,92 +110,48 @@ class JobRecorder:
     # -- the store ----------------------------------------------------------------------
 
     @property
+    def store(self) -> RunStore | None:
+        """The store, once MLflow has opened it (``open_store``)."""
+        return self.access.store if self.access is not None else None
+
+    @property
     def decides_without_store(self) -> bool:
-        """Whether ``prepare`` can decide before the store is opened (not recording, or a
-        sqlite store, read without MLflow)."""
-        if self.store is not None or self.tracking is None:
-            return True
-        return _sqlite_path(self.tracking) is not None
+        """Whether ``prepare`` may decide before the store is opened (not recording, or a
+        sqlite file, read without MLflow)."""
+        return self.access is None or self.access.can_decide
 
     def needs_store(self, decisions: Sequence[Decision]) -> bool:
-        """Whether these decisions write into the store (runs to open, claims to follow) or
-        read more than the reader can (a return value kept as an artifact)."""
-        if self.tracking is None or self.store is not None:
-            return False
-        for decision in decisions:
-            if decision.action not in (Action.SKIP, Action.REPORT_FAILURE):
-                return True
-            record = decision.record
-            text = record.tags.get(Tags.RETURN_VALUE, "") if record is not None else ""
-            if text == "artifact:" + RETURN_VALUE_ARTIFACT:
-                return True
-        return False
+        """Whether these decisions write into the store, which must be opened first."""
+        return self.access is not None and self.access.needs_store(decisions)
 
     def load_store_modules(self) -> None:
-        """Import MLflow (seconds), without opening the store: see ``RunStore.load_modules``."""
-        if self.tracking is not None and self.store is None:
-            RunStore.load_modules(self.tracking)
+        """Import MLflow (seconds), without opening the store."""
+        if self.access is not None:
+            self.access.load_modules()
 
     def open_store(self) -> None:
         """Open the store through MLflow, once: from now on everything goes through it."""
-        if self.tracking is None or self.store is not None:
-            return
-        # loading MLflow and, the first time, creating a store's tables takes seconds
-        log.info("furcate: opening the MLflow store %s …", self.tracking.uri)
-        self.store = RunStore(
-            self.tracking,
-            self.experiment,
-            self.options.heartbeat_s,
-            self.options.stale_after_s,
-            sqlite_wal=self.options.sqlite_wal,
-            checked=True,
-        )
-        self._reader = None
-        log.info(
-            "furcate: recording runs in experiment %r; to see them: %s",
-            self.experiment,
-            experiment_link(self.tracking.uri, self.store.experiment_id),
-        )
+        if self.access is not None:
+            self.access.open()
 
     # -- before jobs run ----------------------------------------------------------------
 
-    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision]:
-        """Fingerprint a batch and decide each job with one store lookup for all of them."""
+    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+        """Fingerprint a batch and decide each job with one store lookup for all of them;
+        None when only MLflow can read the store: ``open_store``, then prepare again."""
         for job in jobs:
             job.fingerprint = fingerprint(job.task_config, self.options.fingerprint_ignore)
         decisions: dict[str, Decision] = {}
-        fingerprints = {str(j.fingerprint) for j in jobs}
-        if self.store is not None:
-            decisions = self.store.decide(fingerprints, self.options.rerun, self._code_check)
-        elif self.tracking is not None:
-            decisions = self._read_decisions(fingerprints)
+        if self.access is not None:
+            fingerprints = {str(j.fingerprint) for j in jobs}
+            decided = self.access.decide(fingerprints, self.options.rerun, self._code_check)
+            if decided is None:
+                return None
+            decisions = decided
         if self._started_at is None:
             self._write_sweep_record()
         run = Decision(Action.RUN)
         return [decisions.get(str(job.fingerprint), run) for job in jobs]
-
-    def _read_decisions(self, fingerprints: set[str]) -> dict[str, Decision]:
-        """Decide from the sqlite file itself; a store it cannot read is opened by MLflow."""
-        assert self.tracking is not None
-        path = _sqlite_path(self.tracking)
-        try:
-            if path is None:
-                raise sqlite3.DatabaseError(f"{self.tracking.uri} is no sqlite file")
-            if self._reader is None:
-                self._reader = SqliteReader(path, self.experiment)
-            return self._reader.decide(
-                fingerprints,
-                self.options.rerun,
-                self._code_check,
-                self._identity,
-                self.options.stale_after_s,
-            )
-        except sqlite3.Error as exc:
-            log.debug("furcate: reading %s through MLflow: %s", self.tracking.uri, exc)
-            self._reader = None
-            self.open_store()
-            assert self.store is not None
-            return self.store.decide(fingerprints, self.options.rerun, self._code_check)
 
     def claim(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> list[Decision]:
         """Claim the configs of the jobs about to run or resume, one lookup for all of them.
@@ -260,8 +214,8 @@ class JobRecorder:
         once the job's run is open (its claim's new run, or the interrupted one) and its env
         is set. Not for ELSEWHERE: such a job waits (``follow``)."""
         record = decision.record
-        if decision.action is Action.SKIP and record is not None and self.tracking is not None:
-            value = self._recorded_return_value(record)
+        if decision.action is Action.SKIP and record is not None and self.access is not None:
+            value = self.access.recorded_return_value(record)
             recorded = Path(record.output_dir) if record.output_dir else None
             # the recorded run's dir holds what the task wrote; once deleted, the new job dir
             # (its .hydra/ files, its log, a run_data.json naming the run) stands in for it
@@ -361,12 +315,6 @@ class JobRecorder:
             **(self.code.tags() if self.code is not None else {}),
         }
 
-    def _recorded_return_value(self, record: RunRecord) -> Any:
-        if self.store is not None:
-            return self.store.recorded_return_value(record)
-        text = record.tags.get(Tags.RETURN_VALUE)  # not an artifact: see needs_store
-        return None if text is None else decode_return_value(text)
-
     def _ensure_sweep_run(self) -> None:
         """The sweep's parent run, and the sweep dir's record naming it, once."""
         if self._sweep_recorded or self.store is None:
@@ -382,14 +330,11 @@ class JobRecorder:
         """furcate_sweep.json: the store and experiment, and the sweep run once there is one."""
         if self._started_at is None:
             self._started_at = time.time()
-        store, tracking, reader = self.store, self.tracking, self._reader
-        experiment_id = store.experiment_id if store else None
-        if reader is not None:
-            experiment_id = reader.experiment_id
+        access, store = self.access, self.store
         SweepRecord(
-            tracking_uri=tracking.uri if tracking else None,
-            experiment_id=experiment_id,
-            experiment_name=self.experiment if tracking else None,
+            tracking_uri=access.tracking.uri if access else None,
+            experiment_id=access.experiment_id if access else None,
+            experiment_name=access.experiment if access else None,
             sweep_run_id=store.sweep_run_id if store else None,
             started_at=self._started_at,
             stale_after_s=self.options.stale_after_s,
@@ -434,7 +379,7 @@ class JobRecorder:
 
     @property
     def tracking_uri(self) -> str | None:
-        return self.tracking.uri if self.tracking is not None else None
+        return self.access.tracking.uri if self.access is not None else None
 
     @property
     def sweep_run_id(self) -> str | None:
@@ -445,10 +390,9 @@ class JobRecorder:
         """Rewrite run_data.csv (and log it to the sweep's run)."""
         if (not force and time.time() - self._csv_written < _CSV_EVERY_S) or not self._rows:
             return
-        source = self.store or self._metrics_reader()
-        if source is not None:
+        if self.access is not None:
             while run_ids := self._rows.pending_runs(_METRICS_CHUNK):
-                metrics = source.latest_metrics(run_ids)
+                metrics = self.access.latest_metrics(run_ids)
                 for row in self._rows.set_metrics(run_ids, metrics):
                     update_run_data_metrics(Path(row.output_dir) / JobPaths.RUN_DATA, row.metrics)
         path = self.sweep.run_data_csv
@@ -457,13 +401,6 @@ class JobRecorder:
         self._csv_written = time.time()
         if self.store is not None and force:
             self.store.log_sweep_artifact(path)
-
-    def _metrics_reader(self) -> SqliteReader | None:
-        if self._reader is None and self.tracking is not None:
-            path = _sqlite_path(self.tracking)
-            if path is not None:  # the reader decided every job: it is a readable store
-                self._reader = SqliteReader(path, self.experiment)
-        return self._reader
 
     def close(self, interrupted: bool, in_flight: Iterable[JobRecord]) -> None:
         """Runs of jobs still in flight are KILLED (resumable); claims of jobs that never
@@ -552,14 +489,6 @@ def _details(job: JobRecord) -> dict[str, Any]:
         "stdout": str(job.paths.stdout),
         "stderr": str(job.paths.stderr),
     }
-
-
-def _sqlite_path(tracking: TrackingUri) -> Path | None:
-    """The file of a sqlite store (absolute, see resolve_tracking_uri); None for another."""
-    prefix = "sqlite:///"
-    if not tracking.uri.startswith(prefix) or "?" in tracking.uri:
-        return None
-    return Path(tracking.uri[len(prefix) :])
 
 
 def _link_checkpoints(paths: JobPaths) -> None:
