@@ -99,7 +99,7 @@ class LaunchSession:
         self.hydra_context = hydra_context
         self.task_function = task_function
         # Plan before anything runs, so bad options cost nothing. Nothing starts here: the
-        # fork server and the store wait for the first job that is not skipped (_warm_up).
+        # fork server and the store wait for the first job that is not skipped (warm_up).
         check_job_name(config)  # it names the store's experiment
         try:
             plan = plan_slots(options.slots)
@@ -173,7 +173,7 @@ class LaunchSession:
         """
         jobs = [self._compose(request) for request in requests]
         if not self.recorder.decides_without_store:
-            self._warm_up()  # the lookup needs the store, and the server is forked before it
+            self.warm_up()  # the lookup needs the store, and the server is forked before it
         if self._failing_fast is not None:
             for job in jobs:  # never started, never recorded: a rerun runs them
                 self.submitted += 1
@@ -183,7 +183,7 @@ class LaunchSession:
         self.submitted += len(jobs)
         decisions = self.recorder.prepare(jobs)
         if decisions is None:  # only MLflow can read this store: open it first
-            self._warm_up()
+            self.warm_up()
             decisions = self.recorder.prepare(jobs)
             assert decisions is not None
         self._dispatch(jobs, decisions)
@@ -193,7 +193,7 @@ class LaunchSession:
         if self.recorder.needs_store(decisions) or any(
             d.action not in (Action.SKIP, Action.REPORT_FAILURE) for d in decisions
         ):
-            self._warm_up()
+            self.warm_up()
             self.start_view()
         decisions = self.recorder.claim(jobs, decisions)
         for job, decision in zip(jobs, decisions, strict=True):
@@ -239,12 +239,12 @@ class LaunchSession:
                 raise
             self._jobs[job.key] = job
 
-    def _warm_up(self) -> None:
-        """Once, before the first job that is not skipped: MLflow's modules, then the fork
-        server (a fork of this process: it gets them, and the task's, for free; made before
-        the store opens, so it shares no connection), then the store while the server loads
-        anything it still needs, then wait for the server. A Ctrl-C during it ends the app
-        with one line."""
+    def warm_up(self) -> None:
+        """What the first job that is not skipped does first (once; callable before, as the
+        benchmarks do): MLflow's modules, then the fork server (a fork of this process: it
+        gets them, and the task's, for free; made before the store opens, so it shares no
+        connection), then the store while the server loads anything it still needs, then
+        wait for the server. A Ctrl-C during it ends the app with one line."""
         if self._warm:
             return
         try:
