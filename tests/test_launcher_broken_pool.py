@@ -14,7 +14,7 @@ from hydra.core.utils import JobStatus
 
 from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution.executor import EventKind, JobEvent
-from furcate_hydra.execution.forkserver.fork import SERVER_NAME
+from furcate_hydra.execution.forkserver.names import SERVER_NAME
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.hydra_layer.streaming import JobRequest
 from furcate_hydra.store import Tags

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 from hydra.core.utils import JobStatus
 
-from furcate_hydra.execution.forkserver.fork import SERVER_NAME
+from furcate_hydra.execution.forkserver.names import SERVER_NAME
 from furcate_hydra.execution.local_pool import LocalPool
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.process_helpers import killed_if_left, start_probe_sweep, wait_for_descendants

@@ -223,7 +223,10 @@ class LocalPool:
         self._closed = True
         if self._running and self._broken is None:
             log.warning("Stopping %d running job(s)", len(self._running))
-        if self._server is not None:
+        if self._server is not None and self._server.ready is None:
+            # still loading (seconds of imports), with no job: it would not read a Shutdown
+            self._server.terminate(wait_s=0.0)
+        elif self._server is not None:
             self._server.shutdown(self.options.stop_grace_s)
         shutil.rmtree(self._runtime_dir, ignore_errors=True)
 

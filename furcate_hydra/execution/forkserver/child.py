@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import cloudpickle
 
 from furcate_hydra.atomic import atomic_write_bytes
-from furcate_hydra.execution.forkserver.fork import JOB_NAME, name_process
+from furcate_hydra.execution.forkserver.names import JOB_NAME, name_process
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
     Placement,

@@ -13,35 +13,23 @@ launcher dies, and stops its jobs.
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
+import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import traceback
-from pathlib import Path
 from typing import IO, Protocol
 
+from furcate_hydra.execution.forkserver.names import SERVER_NAME, name_process
 from furcate_hydra.execution.forkserver.protocol import WarmContext
+from furcate_hydra.execution.forkserver.server import serve_forked  # loaded before the fork
 
-__all__ = [
-    "JOB_NAME",
-    "SERVER_NAME",
-    "ForkedServer",
-    "ServerProcess",
-    "can_fork",
-    "fork_server",
-    "name_process",
-    "spawn_server",
-]
-
-# What ps and top show as the fork server's and the jobs' names (a fork keeps the launcher's
-# command line).
-SERVER_NAME = "furcate-server"
-JOB_NAME = "furcate-job"
+__all__ = ["ForkedServer", "ServerProcess", "can_fork", "fork_server", "spawn_server"]
 
 
 class ServerProcess(Protocol):
@@ -113,15 +101,12 @@ def _become_server(
     # Never return into the launcher's code, nor run its exit handlers or finalizers.
     code = 1
     try:
-        import signal
-
-        from furcate_hydra.execution.forkserver.server import serve_forked
-
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher owns the terminal's Ctrl-C
         os.setsid()
         name_process(SERVER_NAME)
         parent_sock.close()
         _own_stdio(out, err)
+        _fresh_logging()
         code = serve_forked(child_sock.detach(), preload, context)
     except BaseException:
         traceback.print_exc()
@@ -147,10 +132,14 @@ def _own_stdio(out: tuple[int, int] | None, err: tuple[int, int] | None) -> None
         faulthandler.enable()
 
 
-def name_process(name: str) -> None:
-    """Set this process's name as ps shows it (Linux's ``comm``, 15 bytes); best effort."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/comm").write_text(name[:15])
+def _fresh_logging() -> None:
+    """The root logger as a new interpreter has it: no handler, WARNING. What the server
+    imports (a preload) then sets up its logging as it would in one (Lightning adds its own
+    handler only where the root logger has none); each job's Hydra set-up configures it."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)  # not closed: they write to the launcher's streams
+    root.setLevel(logging.WARNING)
 
 
 class ForkedServer:
