@@ -8,7 +8,8 @@ first line writes the time into ``times.json``, with its end and its slot.
 
   first job   ``-m i=0,1``: command start to the first job's first line, under Hydra's basic
               launcher (the anchor), the furcate launcher (defaults: every job recorded in
-              MLflow) and the furcate launcher with ``mlflow.enabled=false``;
+              MLflow) and the furcate launcher with ``mlflow.enabled=false``; also from the
+              end of the task module's imports, which every launcher waits for alike;
   skipped     the furcate command run again in the same directory (new sweep dir), every
               config FINISHED: its wall time, beside the basic launcher's whole 2-job sweep;
   handoff     ``-m i=range(0,12) d=0.2`` on 2 slots: a slot's idle time from one job's last
@@ -84,6 +85,14 @@ class Command:
     jobs: list[Job]
     output: str
     others_cpu_share: float
+    imported_at: float | None = None  # when the task module's imports were done
+
+    @property
+    def after_imports_s(self) -> float | None:
+        """The first job's start after the task module's imports (the launchers' own part)."""
+        if self.imported_at is None:
+            return None
+        return min(j.started_at for j in self.jobs) - self.imported_at
 
     @property
     def wall_s(self) -> float:
@@ -121,12 +130,14 @@ def run_cli(
     share = others.share(children_cpu_s() - cpu)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    jobs = []
+    jobs, imported = [], []
     for path in sweep_dir.glob(f"**/{timing}"):
         info = json.loads(path.read_text())
         num = int(info.get("num", info.get("i", -1)))
         jobs.append(Job(num, str(info["slot"]), info["started_at"], *_times(info)))
-    return Command(began, ended, jobs, done.stdout + done.stderr, share)
+        imported.append(info.get("imported_at"))
+    first = min(imported) if imported and None not in imported else None
+    return Command(began, ended, jobs, done.stdout + done.stderr, share, first)
 
 
 def _times(info: dict[str, Any]) -> tuple[float, float]:
@@ -181,8 +192,10 @@ def first_job_round(root: Path, template: Path, r: int) -> dict[str, dict[str, A
             done = run_cli(app, overrides, run_dir, "sweep", code=code)
             if len(done.jobs) != 2:
                 raise RuntimeError(f"{task} {name}: {len(done.jobs)} of 2 jobs ran")
+            after = done.after_imports_s
             row[name] = {
                 "first_start_s": round(done.first_start_s, 3),
+                "after_imports_s": None if after is None else round(after, 3),
                 "wall_s": round(done.wall_s, 3),
                 "others_cpu_share": done.others_cpu_share,
             }
