@@ -77,6 +77,9 @@ class PoolOptions:
     echo_output: bool
     # time a stopped job gets between SIGTERM and SIGKILL
     stop_grace_s: float
+    # fork a job per busy slot ahead, handed the slot the moment its job ends; off where no
+    # job may start after a failure (fail_fast): the server cannot tell a failed job's end
+    fork_ahead: bool = True
 
 
 class LocalPool:
@@ -312,7 +315,7 @@ class LocalPool:
                 self._send(lambda slot=slot: self._ready_server().release(_placement(slot)))
             elif slots.free and self._queue:
                 self._fork(self._queue.popleft(), slots.take_free())
-            elif self._queue and len(self._ahead) < self.slot_count:
+            elif self.options.fork_ahead and self._queue and len(self._ahead) < self.slot_count:
                 job = self._queue.popleft()
                 self._ahead[job.key] = job
                 self._fork(job, None)

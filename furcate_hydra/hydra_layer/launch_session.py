@@ -123,6 +123,7 @@ class LaunchSession:
         self.summary = SweepSummary()
         self.fail_fast = options.fail_fast
         self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
+        self._stopped_note: tuple[int, int] | None = None  # queued and running jobs then
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
         # held by other launchers: the job and the run it waits for
@@ -323,6 +324,13 @@ class LaunchSession:
     def idle_slots(self) -> int:
         return self.executor.idle_slots
 
+    @property
+    def jobs_ahead(self) -> int:
+        """Jobs worth submitting beyond the free slots: forked ahead, one per slot, each starts
+        the moment a slot frees. None under fail_fast, where no job may start on the slot of
+        one that failed (and a job never started should have no run)."""
+        return 0 if self.fail_fast else self.executor.slot_count
+
     def sweep_status(
         self, to_come: int | None = None, best: str | None = None, pruned: int | None = None
     ) -> None:
@@ -348,6 +356,14 @@ class LaunchSession:
     def _on_event(self, event: JobEvent) -> None:
         if event.kind is EventKind.STARTED:
             self.recorder.started(event.job)
+        elif event.kind is EventKind.ENDED and self.fail_fast and self._failing_fast is None:
+            # at once, before the executor gives the slot its next job
+            job = event.job
+            job_return = self._to_job_return(job)
+            if job_return.status is not JobStatus.COMPLETED:
+                outcome = _outcome(job, _error_text(job, job_return))
+                if outcome != "not started":
+                    self._start_no_more(job, outcome)
 
     def _compose(self, request: JobRequest) -> JobRecord:
         num = request.num
@@ -381,17 +397,8 @@ class LaunchSession:
 
     def _did_not_finish(self, job: JobRecord, job_return: JobReturn) -> None:
         """Say why at once, keep the summary's row, and under fail_fast start nothing more."""
-        if job.state is JobState.COMPLETED:  # the task raised: the exception says why
-            error = job_return._return_value
-            text = f"{type(error).__name__}: {error}"
-        else:
-            text = job.error or job.state.value
-        if job.state is JobState.CANCELLED:
-            outcome = "killed" if job.started_at is not None else "not started"
-        elif job.state is JobState.CRASHED:  # killed from outside, or died of a signal
-            outcome = "killed" if re.search(r"by SIG(KILL|TERM)\b", text) else "crashed"
-        else:
-            outcome = "failed"
+        text = _error_text(job, job_return)
+        outcome = _outcome(job, text)
         reason = one_line_reason(text) or outcome
         logs = job.paths.stderr if job.paths.stderr.exists() else job.paths.output_dir
         self.summary.did_not_finish(Unfinished(job.num, job.label, outcome, reason, str(logs)))
@@ -399,16 +406,22 @@ class LaunchSession:
             return
         log.warning("furcate: job #%d %s: %s (logs: %s)", job.num, outcome, reason, logs)
         if self.fail_fast and self._failing_fast is None:
-            self._failing_fast = f"hydra.launcher.fail_fast after job #{job.num} {outcome}"
-            queued = [key for key, held in self._jobs.items() if held.state is JobState.QUEUED]
-            self.executor.cancel(queued)
-            running = sum(1 for held in self._jobs.values() if held.state is JobState.RUNNING)
+            self._start_no_more(job, outcome)
+        if self._stopped_note is not None:  # said after the job that made it stop
             log.warning(
                 "furcate: fail_fast: %d queued job(s) and any the sweeper submits are not "
                 "started; the %d running one(s) finish",
-                len(queued),
-                running,
+                *self._stopped_note,
             )
+            self._stopped_note = None
+
+    def _start_no_more(self, job: JobRecord, outcome: str) -> None:
+        """fail_fast: the jobs queued are cancelled, and any submitted later not started."""
+        self._failing_fast = f"hydra.launcher.fail_fast after job #{job.num} {outcome}"
+        queued = [key for key, held in self._jobs.items() if held.state is JobState.QUEUED]
+        self.executor.cancel(queued)
+        running = sum(1 for held in self._jobs.values() if held.state is JobState.RUNNING)
+        self._stopped_note = (len(queued), running)
 
     def _not_started(self, job: JobRecord) -> JobReturn:
         job_return = self._to_job_return(job)
@@ -554,6 +567,23 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     except BaseException:
         session.close(interrupted=True)
         raise
+
+
+def _error_text(job: JobRecord, job_return: JobReturn) -> str:
+    """Why a job did not finish, in words."""
+    if job.state is JobState.COMPLETED:  # the task raised: the exception says why
+        error = job_return._return_value
+        return f"{type(error).__name__}: {error}"
+    return job.error or job.state.value
+
+
+def _outcome(job: JobRecord, text: str) -> str:
+    """How a job that did not finish ended: failed, crashed, killed, not started."""
+    if job.state is JobState.CANCELLED:
+        return "killed" if job.started_at is not None else "not started"
+    if job.state is JobState.CRASHED:  # killed from outside, or died of a signal
+        return "killed" if re.search(r"by SIG(KILL|TERM)\b", text) else "crashed"
+    return "failed"
 
 
 def task_overrides(overrides: Sequence[str]) -> list[str]:

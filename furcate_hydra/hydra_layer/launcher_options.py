@@ -142,6 +142,7 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         preload=preload,
         echo_output=bool(options["echo_output"]),
         stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),
+        fork_ahead=not _flag(options, "fail_fast"),
     )
 
 

@@ -501,7 +501,8 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
             concurrency = _concurrency(sweep, launcher.slot_count)
             # ahead only where every slot runs a trial: else a trial asked ahead would start
             # on a free slot, beyond n_jobs
-            ahead = concurrency if concurrency >= launcher.slot_count else 0
+            every_slot = concurrency >= launcher.slot_count
+            ahead = min(concurrency, launcher.jobs_ahead) if every_slot else 0
             while in_flight or (sweep.started < sweep.to_start and not stopping):
                 done: list[tuple[str, JobReturn]] = []
                 room = (concurrency + ahead if in_flight else concurrency) - len(in_flight)

@@ -213,13 +213,13 @@ def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
     lookahead = 0  # grows while reruns find whole batches recorded (skipped)
     interval = sweep.options.watch_interval_s if sweep.live is not None else None
     with launcher.streaming():
-        slots = launcher.slot_count
+        slots, ahead = launcher.slot_count, launcher.jobs_ahead
         while len(sweep.queue) or in_flight:
             # a job whose config another launcher runs waits without a slot: launchers
             # sweeping one grid share it instead of waiting for each other; the first jobs
-            # fill the slots, the next ones wait ahead (a slot's worth each)
+            # fill the slots, the next ones wait ahead of them
             ours = sum(1 for key in in_flight if not launcher.job_run(key).elsewhere)
-            free = (2 * slots if ours else slots) - ours
+            free = (slots + ahead if ours else slots) - ours
             done: list[tuple[str, JobReturn]] = []
             if free > 0 and len(sweep.queue) and not sweep.on_hold:
                 jobs = sweep.numbered(sweep.queue.take(max(free, lookahead)))
