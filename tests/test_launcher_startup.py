@@ -14,6 +14,7 @@ from hydra.core.utils import JobStatus
 
 from furcate_hydra.execution.forkserver.names import SERVER_NAME
 from furcate_hydra.execution.local_pool import LocalPool
+from furcate_hydra.store import database_opened
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.process_helpers import killed_if_left, start_probe_sweep, wait_for_descendants
 from tests.store_helpers import job_runs, sweep_runs
@@ -111,3 +112,18 @@ def test_the_fork_server_is_a_new_interpreter_while_another_thread_runs(
     pool = launch_jobs.last.session().executor
     assert isinstance(pool, LocalPool) and not pool.server_forked
     assert [r.status for r in returns] == [JobStatus.COMPLETED] * 2
+
+
+def test_the_fork_server_is_a_new_interpreter_where_mlflow_has_a_store_open(
+    launch_jobs: LaunchJobs, mlflow_store: str
+) -> None:
+    # a sweeper that read a value back from the store before the first job: its jobs would
+    # find MLflow's cached store in a fork, with this process's database connections
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(mlflow_store).search_experiments()
+    assert database_opened()
+    (returned,) = launch_jobs([["+i=0"]], ["hydra.launcher.gpus=[0]"])
+    pool = launch_jobs.last.session().executor
+    assert isinstance(pool, LocalPool) and not pool.server_forked
+    assert returned.status is JobStatus.COMPLETED

@@ -27,7 +27,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,13 +91,13 @@ class LocalPool:
         context: bytes,
         options: PoolOptions,
         output: ConsoleOutput | None = None,
-        warm: WarmContext | None = None,
+        warm: Callable[[], WarmContext | None] | None = None,
     ) -> None:
-        """``context``: what every job starts from, pickled; ``warm``: what a fork of this
-        process starts jobs from, as it is at the fork (so it must not hold state a later
-        ``set_context`` changes); None: never fork, start a new interpreter. ``output``:
-        where job output echoed to the console goes (default: the launcher's stdout and
-        stderr)."""
+        """``context``: what every job starts from, pickled. ``warm``: asked when the server
+        starts, for what a fork of this process starts jobs from, as it is at the fork (so it
+        must not hold state a later ``set_context`` changes); None, or it answers None: start
+        a new interpreter. ``output``: where job output echoed to the console goes (default:
+        the launcher's stdout and stderr)."""
         self.plan = plan
         self.options = options
         self._context = context
@@ -257,7 +257,8 @@ class LocalPool:
     def _started_server(self) -> ForkServerClient:
         if self._server is None:
             preload, output = self.options.preload, self._output
-            self._server = start_server(preload, self._context, self._warm, output)
+            warm = self._warm() if self._warm is not None else None
+            self._server = start_server(preload, self._context, warm, output)
         return self._server
 
     def _ready_server(self) -> ForkServerClient:

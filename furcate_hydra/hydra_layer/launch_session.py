@@ -24,7 +24,7 @@ import logging
 import re
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -114,10 +114,7 @@ class LaunchSession:
         self._view_on = False
         self._warm = False
         output = self.view.write_output if self.view.owns_output else None
-        # a fork of this process made later has Hydra's singletons as they are then; none is
-        # made where MLflow has database connections open here already (an earlier launch)
-        warm = None if database_opened() else HydraJobContext(task_function, hydra_context, None)
-        self.executor = start_executor(plan, self._context, options, output, warm)
+        self.executor = start_executor(plan, self._context, options, output, self._fork_context)
         self.executor.add_listener(self.tally.on_event)
         self.executor.add_listener(self._on_event)
         self.summary = SweepSummary()
@@ -436,6 +433,15 @@ class LaunchSession:
         text = self.summary.markdown(snap.elapsed_s, snap.best).encode()
         atomic_write_bytes(self.recorder.sweep.summary, text, durable=False)
 
+    def _fork_context(self) -> HydraJobContext | None:
+        """What the fork server starts jobs from if it is a fork of this process, asked as
+        it starts: none where MLflow has database connections open here (an earlier launch
+        in this process, a value read back by a sweeper), which its jobs would share. A fork
+        has Hydra's singletons as they are then."""
+        if database_opened():
+            return None
+        return HydraJobContext(self.task_function, self.hydra_context, None)
+
     def _context_blob(self) -> bytes:
         context = HydraJobContext(self.task_function, self.hydra_context, Singleton.get_state())
         return bytes(cloudpickle.dumps(context))
@@ -458,7 +464,7 @@ def start_executor(
     context: bytes,
     options: LauncherOptions,
     output: ConsoleOutput | None,
-    warm: HydraJobContext | None,
+    warm: Callable[[], HydraJobContext | None],
 ) -> Executor:
     """The executor that runs the session's jobs: the one place a backend is chosen. It
     starts nothing until it is asked to (``start``, ``wait_ready``, ``submit``)."""

@@ -54,9 +54,11 @@ def spawn_server(child_sock: socket.socket, piped: bool) -> subprocess.Popen[byt
     stdio = subprocess.PIPE if piped else None
     # Its own session: a Ctrl-C at the terminal reaches the launcher, which then stops the jobs
     # in order, instead of reaching every process at once.
-    module = "furcate_hydra.execution.forkserver.server"
+    # not ``-m``: runpy would run the module a second time, this package having imported it
+    code = "import sys; from furcate_hydra.execution.forkserver.server import main; "
+    code += "sys.exit(main(sys.argv))"
     return subprocess.Popen(
-        [sys.executable, "-m", module, str(child_sock.fileno())],
+        [sys.executable, "-c", code, str(child_sock.fileno())],
         pass_fds=[child_sock.fileno()],
         stdin=subprocess.DEVNULL,
         stdout=stdio,

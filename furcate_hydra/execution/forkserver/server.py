@@ -353,7 +353,7 @@ def _killpg(pgid: int, signum: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``python -m furcate_hydra.execution.forkserver.server <socket fd>``."""
+    """Entry point of a new interpreter (``fork.spawn_server``): ``main([_, <socket fd>])``."""
     # The launcher owns the terminal's Ctrl-C and decides when jobs stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
