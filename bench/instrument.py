@@ -173,9 +173,10 @@ class JobTimes:
 
 
 def instrument(launcher: FurcateLauncher, timers: Timers, jobs: list[JobTimes]) -> None:
-    """Timers on the objects this launcher's session uses (starting the session: the fork
+    """Timers on the objects this launcher's session uses (warming the session up: the fork
     server, and the store when recording); each recorded job's times go to ``jobs``."""
     session = launcher.session()
+    session.warm_up()
 
     def note(args: tuple[Any, ...]) -> None:
         job, job_return = args

@@ -29,7 +29,7 @@ from typing import Any
 import cloudpickle
 
 from bench.harness import OthersCpu, machine, publish, summarize
-from furcate_hydra.execution.forkserver.protocol import ChildReport, Start
+from furcate_hydra.execution.forkserver.protocol import ChildReport, Placement, Start
 
 
 class StampContext:
@@ -65,8 +65,7 @@ def bench_actor(ray: Any, jobs: int, preload: list[str], tmp: Path) -> dict[str,
             key=str(i),
             payload=b"",
             env={},
-            cpus=None,
-            threads=None,
+            placement=Placement(0, {}, None, None),
             stdout_path=str(tmp / f"{i}.out"),
             stderr_path=str(tmp / f"{i}.err"),
             result_path="",

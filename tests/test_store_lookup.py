@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from furcate_hydra.store import RunRecord, RunStatus, Tags
+from furcate_hydra.store import Action, LauncherIdentity, Rerun, RunRecord, RunStatus, Tags, decide
 from furcate_hydra.store.lookup import (
     _by_id_search,
     _from_database,
@@ -14,6 +15,8 @@ from furcate_hydra.store.lookup import (
     find_runs,
     runs_by_id,
 )
+from furcate_hydra.store.sqlite_reader import SqliteReader
+from tests.store_helpers import exited_launcher
 
 
 class Runs:
@@ -190,3 +193,33 @@ def test_claims_and_followed_runs_are_read_alike_on_both_paths(runs: Runs) -> No
     by_search = {r.run_id: r for r in _by_id_search(runs.client, runs.here, sorted(wanted))}
     assert by_search == by_id
     assert runs_by_id(runs.client, runs.here, []) == {}
+
+
+def test_the_sqlite_reader_finds_what_mlflow_finds(runs: Runs, mlflow_store: str) -> None:
+    # A rerun reads a sqlite store without MLflow: the same runs, tags, decisions and metrics.
+    for i in range(3):
+        runs.add(f"fp-{i}", 1000 + i, RunStatus.FINISHED, tags={Tags.JOB_NUM: str(i), "x": "y"})
+        runs.add(f"fp-{i}", 2000 + i, RunStatus.KILLED, tags={Tags.PARENT_RUN: "p"})
+        runs.add(f"fp-{i}", 3000 + i, RunStatus.FAILED, deleted=True)
+        runs.add(f"fp-{i}", 4000 + i, experiment=runs.other)
+    dead = exited_launcher().tags()
+    running = runs.add("fp-running", 500, tags=dead)
+    runs.client.log_metric(running, "loss", 0.5)
+    runs.client.log_metric(running, "loss", 0.25, step=1)
+    wanted = {"fp-0", "fp-1", "fp-2", "fp-running", "fp-missing"}
+    path = Path(mlflow_store.removeprefix("sqlite:///"))
+    reader = SqliteReader(path, "here")
+    assert reader.experiment_id == runs.here
+
+    found = reader.find_runs(wanted)
+    assert found == find_runs(runs.client, runs.here, wanted)
+    here = LauncherIdentity.current()
+    decided = reader.decide(wanted, Rerun.FAILED, None, here, 60.0)
+    expected = {fp: decide(found.get(fp, []), Rerun.FAILED, lambda r: "gone") for fp in wanted}
+    assert {fp: (d.action, d.record) for fp, d in decided.items()} == {
+        fp: (d.action, d.record) for fp, d in expected.items()
+    }
+    assert decided["fp-running"].action is Action.RESUME  # its launcher has exited
+    assert reader.latest_metrics([running]) == {running: {"loss": 0.25}}
+    assert SqliteReader(path, "no such experiment").find_runs(wanted) == {}
+    assert SqliteReader(path.with_name("missing.db"), "here").find_runs(wanted) == {}

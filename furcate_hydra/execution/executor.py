@@ -17,6 +17,8 @@ The contract every implementation keeps:
 - A job stopped by a signal from outside the executor (SIGTERM, SIGUSR1: a scheduler preempting
   it) is queued again, up to a limit, and resumes from the checkpoint it saved; one the
   executor stopped itself (``cancel``, ``close``) never is.
+- Nothing starts before ``start``, ``wait_ready`` or the first ``submit``: an executor that
+  never gets a job costs nothing.
 
 The local fork-server pool (``furcate_hydra.execution.local_pool``) is one implementation.
 """
@@ -79,6 +81,18 @@ class Executor(Protocol):
 
     def describe(self) -> str:
         """Where jobs run, in one log line."""
+        ...
+
+    def start(self) -> None:
+        """Start the machinery that runs jobs (it may go on loading after this returns)."""
+        ...
+
+    def wait_ready(self) -> None:
+        """Start the machinery if needed and wait until it can run jobs.
+
+        Raises:
+            ForkServerError: it could not start (the error says why).
+        """
         ...
 
     def set_context(self, context: bytes) -> None:

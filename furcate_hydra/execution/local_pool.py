@@ -1,9 +1,15 @@
 """The local executor: slots on this machine, each job a fresh process forked from a warm server.
 
-    submit(job) ──► queue ──► free slot? ──► Start ──► fork server ──► job process
-                                  ▲                                       │ exits
-    wait_any() ◄── JobRecord ◄── result file / exit status ◄── Exited ◄───┘
-                                  └── slot freed, next queued job dispatched at once
+    submit(job) ──► queue ──► free slot? ──► Start(slot) ──► fork server ──► job process
+                                │ no: ahead of the slots, one per slot ──► Start(no slot):
+                                │     forked now, set up, waiting at its gate
+                                ▼                                           │ a job exits
+    wait_any() ◄── JobRecord ◄── result file / exit status ◄── Exited ◄─────┘ its slot goes to
+                                  └── slot freed (or, in the server, handed to the oldest job
+                                      waiting at its gate: Started(after=...)), next dispatched
+
+The fork server starts (``start``) when the first job needs it, or before, so that it loads
+while the caller does other work (``wait_ready`` then waits for it).
 
 Used synchronously (``run_all``: submit everything, records in input order) or asynchronously
 (``submit`` then ``wait_any``), which is how the sweepers keep every slot busy. Keeps the
@@ -21,7 +27,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +39,18 @@ from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver import ChildReport, ForkServerClient
-from furcate_hydra.execution.forkserver.client import ConsoleOutput
-from furcate_hydra.execution.forkserver.protocol import Exited, Start, Started, StartFailed
+from furcate_hydra.execution.forkserver.client import ConsoleOutput, start_server
+from furcate_hydra.execution.forkserver.protocol import (
+    Exited,
+    Placement,
+    Start,
+    Started,
+    StartFailed,
+    Unused,
+    WarmContext,
+)
 from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slots import Slot, SlotPlan
 from furcate_hydra.preemption import PREEMPTION_SIGNALS
 from furcate_hydra.progress import JobProgress, read_progress
@@ -58,12 +73,16 @@ class PoolOptions:
     max_retries: int
     # queue a preempted job again (it was stopped from outside, not by the pool) this often
     max_preemptions: int
-    # modules the fork server imports once so that jobs start warm
-    preload: tuple[str, ...]
+    # modules the fork server imports once so that jobs start warm; None: those the
+    # launcher's process has loaded (a forked server has them already)
+    preload: tuple[str, ...] | None
     # copy each job's stdout/stderr onto the launcher's console as well as its log files
     echo_output: bool
     # time a stopped job gets between SIGTERM and SIGKILL
     stop_grace_s: float
+    # fork a job per busy slot ahead, handed the slot the moment its job ends; off where no
+    # job may start after a failure (fail_fast): the server cannot tell a failed job's end
+    fork_ahead: bool = True
 
 
 class LocalPool:
@@ -75,17 +94,24 @@ class LocalPool:
         context: bytes,
         options: PoolOptions,
         output: ConsoleOutput | None = None,
+        warm: Callable[[], WarmContext | None] | None = None,
     ) -> None:
-        """``output``: where job output echoed to the console goes (default: the launcher's
-        stdout and stderr)."""
+        """``context``: what every job starts from, pickled. ``warm``: asked when the server
+        starts, for what a fork of this process starts jobs from, as it is at the fork (so it
+        must not hold state a later ``set_context`` changes); None, or it answers None: start
+        a new interpreter. ``output``: where job output echoed to the console goes (default:
+        the launcher's stdout and stderr)."""
         self.plan = plan
         self.options = options
+        self._context = context
+        self._warm = warm
+        self._output = output
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
-        self._server = ForkServerClient(list(options.preload), context, output=output)
-        self._free: list[Slot] = list(plan.slots)
-        self._busy_per_device: collections.Counter[str | None] = collections.Counter()
+        self._server: ForkServerClient | None = None
+        self._slots = SlotBook(plan.slots)
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._running: dict[str, JobRecord] = {}
+        self._ahead: dict[str, JobRecord] = {}  # forked ahead, waiting at their gates for a slot
         self._cancelled: set[str] = set()
         self._done: list[JobRecord] = []
         self._listeners: list[JobListener] = []
@@ -102,20 +128,37 @@ class LocalPool:
 
     @property
     def idle_slots(self) -> int:
-        return len(self._free)
+        return self._slots.free
 
     @property
     def pending(self) -> int:
-        return len(self._queue) + len(self._running) + len(self._done)
+        return len(self._queue) + len(self._ahead) + len(self._running) + len(self._done)
 
     @property
     def server_start_s(self) -> float:
-        """Seconds the fork server took to start and preload."""
-        return self._server.start_s
+        """Seconds from starting the fork server to its having loaded everything."""
+        return self._ready_server().start_s
 
     @property
     def server_pid(self) -> int:
-        return self._server.process.pid
+        return self._started_server().process.pid
+
+    @property
+    def server_forked(self) -> bool:
+        """Whether the fork server is a fork of this process (else a fresh interpreter)."""
+        return self._started_server().forked
+
+    def start(self) -> None:
+        """Start the fork server, if not yet; it loads what it needs while this returns."""
+        self._started_server()
+
+    def wait_ready(self) -> None:
+        """Start the fork server if needed and wait until it can fork jobs.
+
+        Raises:
+            ForkServerError: it could not load the task (its traceback says why).
+        """
+        self._ready_server()
 
     def describe(self) -> str:
         return self.plan.describe()
@@ -124,8 +167,10 @@ class LocalPool:
         self._listeners.append(listener)
 
     def set_context(self, context: bytes) -> None:
-        if self._broken is None:
-            self._send(lambda: self._server.set_context(context))
+        if self._server is None:  # a new interpreter starts from it (a fork, from itself)
+            self._context = context
+        elif self._broken is None:
+            self._send(lambda: self._ready_server().set_context(context))
 
     def submit(self, job: JobRecord) -> None:
         """Queue a job. Raises ExecutorBrokenError once the fork server is gone."""
@@ -135,8 +180,10 @@ class LocalPool:
                 "Every job it held was recorded as failed; start the sweep again to run "
                 "what is left (finished configs are skipped)."
             )
-        if job.key in self._running or any(queued.key == job.key for queued in self._queue):
+        held = (*self._running, *self._ahead, *(queued.key for queued in self._queue))
+        if job.key in held:
             raise ValueError(f"job key {job.key!r} is already queued or running")
+        self._ready_server()
         job.state = JobState.QUEUED
         self._queue.append(job)
         self._dispatch()
@@ -146,7 +193,7 @@ class LocalPool:
 
     def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._done and (self._running or self._queue):
+        while not self._done and (self._running or self._ahead or self._queue):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
@@ -171,9 +218,9 @@ class LocalPool:
                 if job.key == key:
                     self._queue.remove(job)
                     self._finish(job, JobState.CANCELLED, error="cancelled before it started")
-            if key in self._running and self._broken is None:
-                self._cancelled.add(key)
-                self._send(lambda key=key: self._server.kill(key, signal.SIGTERM))
+            if (key in self._running or key in self._ahead) and self._broken is None:
+                self._cancelled.add(key)  # back as CANCELLED when its process has exited
+                self._send(lambda key=key: self._ready_server().kill(key, signal.SIGTERM))
 
     def close(self) -> None:
         """Stop every job's process group and the fork server; idempotent."""
@@ -182,7 +229,11 @@ class LocalPool:
         self._closed = True
         if self._running and self._broken is None:
             log.warning("Stopping %d running job(s)", len(self._running))
-        self._server.shutdown(self.options.stop_grace_s)
+        if self._server is not None and self._server.ready is None:
+            # still loading (seconds of imports), with no job: it would not read a Shutdown
+            self._server.terminate(wait_s=0.0)
+        elif self._server is not None:
+            self._server.shutdown(self.options.stop_grace_s)
         shutil.rmtree(self._runtime_dir, ignore_errors=True)
 
     # -- conveniences --------------------------------------------------------------------
@@ -206,7 +257,21 @@ class LocalPool:
 
     # -- the fork server -----------------------------------------------------------------
 
+    def _started_server(self) -> ForkServerClient:
+        if self._server is None:
+            preload, output = self.options.preload, self._output
+            warm = self._warm() if self._warm is not None else None
+            self._server = start_server(preload, self._context, warm, output)
+        return self._server
+
+    def _ready_server(self) -> ForkServerClient:
+        server = self._started_server()
+        server.wait_ready()
+        return server
+
     def _receive(self, timeout: float | None) -> object | None:
+        if self._server is None:
+            return None
         try:
             return self._server.receive(timeout=timeout)
         except ForkServerError as exc:
@@ -235,49 +300,83 @@ class LocalPool:
         for job in list(self._running.values()):
             if job.pid is not None:
                 _kill_group(job.pid)
-        for job in [*self._running.values(), *self._queue]:
+        # those forked ahead exit by themselves: their gates closed with the server
+        for job in [*self._running.values(), *self._ahead.values(), *self._queue]:
             self._finish(job, JobState.LOST, error=f"{reason}\n{job.paths.see_logs()}")
         self._running.clear()
+        self._ahead.clear()
         self._queue.clear()
-        self._free = []
+        self._slots.clear()
 
     # -- internals -----------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        while self._queue and self._free and self._broken is None:
-            slot = min(self._free, key=lambda s: (self._busy_per_device[s.device], s.index))
-            self._free.remove(slot)
-            self._busy_per_device[slot.device] += 1
-            job = self._queue.popleft()
-            job.slot, job.state = slot, JobState.RUNNING
-            job.attempts += 1
-            job.ended_at = None  # of an attempt that crashed, if this is a retry
-            job.paths.output_dir.mkdir(parents=True, exist_ok=True)
-            self._running[job.key] = job
-            start = Start(
-                key=job.key,
-                payload=job.payload,
-                env={**job.env, **slot.env()},
-                cpus=slot.cpus,
-                threads=slot.threads,
-                stdout_path=str(job.paths.stdout),
-                stderr_path=str(job.paths.stderr),
-                result_path=str(self._result_path(job)),
-                echo=self.options.echo_output,
-            )
-            self._send(lambda start=start: self._server.start(start))
+        """Fill free slots (jobs forked ahead first), then fork one job ahead per busy slot."""
+        slots = self._slots
+        while self._broken is None:
+            if slots.free and len(self._ahead) > slots.offered:
+                slot = slots.offer()
+                self._send(lambda slot=slot: self._ready_server().release(_placement(slot)))
+            elif slots.free and self._queue:
+                self._fork(self._queue.popleft(), slots.take_free())
+            elif self.options.fork_ahead and self._queue and len(self._ahead) < self.slot_count:
+                job = self._queue.popleft()
+                self._ahead[job.key] = job
+                self._fork(job, None)
+            else:
+                return
+
+    def _fork(self, job: JobRecord, slot: Slot | None) -> None:
+        """Have the server fork the job: on ``slot``, or ahead of one (None)."""
+        job.attempts += 1
+        job.started_at = job.ended_at = None  # of an attempt that crashed, if a retry
+        job.paths.output_dir.mkdir(parents=True, exist_ok=True)
+        if slot is not None:
+            self._slots.hold(job.key, slot)
+            self._occupy(job, slot)
+        start = Start(
+            key=job.key,
+            payload=job.payload,
+            env=job.env,
+            placement=None if slot is None else _placement(slot),
+            stdout_path=str(job.paths.stdout),
+            stderr_path=str(job.paths.stderr),
+            result_path=str(self._result_path(job)),
+            echo=self.options.echo_output,
+        )
+        self._send(lambda start=start: self._ready_server().start(start))
+
+    def _occupy(self, job: JobRecord, slot: Slot) -> None:
+        job.slot, job.state = slot, JobState.RUNNING
+        self._running[job.key] = job
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, Started):
+            ahead = self._ahead.pop(event.key, None)
+            if ahead is not None:  # it leaves its gate for a slot
+                if event.after is not None:  # the slot of a job that ended
+                    slot = self._slots.hand_on(event.after, event.key)
+                else:
+                    slot = self._slots.accept(event.slot, event.key)
+                self._occupy(ahead, slot)
             job = self._running[event.key]
-            job.pid, job.started_at = event.pid, event.forked_at
+            job.pid, job.started_at = event.pid, event.started_at
             self._emit(EventKind.STARTED, job)
+        elif isinstance(event, Unused):  # the job it was offered to has gone meanwhile
+            self._slots.decline(event.slot)
+            self._dispatch()
         elif isinstance(event, StartFailed):
-            self._release(self._running.pop(event.key), JobState.FAILED, error=event.error)
+            job = self._take(event.key)
+            self._release(job, JobState.FAILED, error=event.error)
         elif isinstance(event, Exited):
-            job = self._running.pop(event.key)
+            job = self._take(event.key)
             job.ended_at = event.ended_at
             self._on_exit(job, event.wait_status)
+
+    def _take(self, key: str) -> JobRecord:
+        """A job that ended: it ran on a slot, or it never left its gate."""
+        job = self._running.pop(key, None)
+        return job if job is not None else self._ahead.pop(key)
 
     def _on_exit(self, job: JobRecord, wait_status: int) -> None:
         report = self._read_report(job)
@@ -286,7 +385,10 @@ class LocalPool:
         if job.key in self._cancelled:
             # the pool's own SIGTERM, though the job may have saved and said "preempted"
             self._cancelled.discard(job.key)
-            self._release(job, JobState.CANCELLED, error="stopped by the launcher")
+            if job.started_at is None:  # stopped at its gate: it never ran
+                self._release(job, JobState.CANCELLED, error="cancelled before it started")
+            else:
+                self._release(job, JobState.CANCELLED, error="stopped by the launcher")
         elif preempted is not None:
             self._on_preempted(job, preempted)
         elif report is not None and report.error is None:
@@ -374,9 +476,7 @@ class LocalPool:
         self._dispatch()
 
     def _free_slot(self, job: JobRecord) -> None:
-        if job.slot is not None:
-            self._busy_per_device[job.slot.device] -= 1
-            self._free.append(job.slot)
+        self._slots.release(job.key)
 
     def _finish(self, job: JobRecord, state: JobState, **fields: Any) -> None:
         self._progress_seen.pop(job.key, None)
@@ -413,6 +513,10 @@ def _preempted(report: ChildReport | None, wait_status: int) -> str | None:
         name = signal.Signals(os.WTERMSIG(wait_status)).name
         return f"preempted by {name} (its process ended by it; it resumes from its last checkpoint)"
     return None
+
+
+def _placement(slot: Slot) -> Placement:
+    return Placement(slot.index, slot.env(), slot.cpus, slot.threads)
 
 
 def _kill_group(pid: int) -> None:

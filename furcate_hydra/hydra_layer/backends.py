@@ -6,12 +6,13 @@ LauncherOptions.backend ── local ─► plan_slots (this machine)  ─► Lo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
+from furcate_hydra.execution.forkserver.protocol import WarmContext
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
@@ -41,11 +42,17 @@ def plan_for(options: LauncherOptions) -> SlotPlan:
 
 
 def start_executor(
-    plan: SlotPlan, context: bytes, options: LauncherOptions, output: ConsoleOutput | None
+    plan: SlotPlan,
+    context: bytes,
+    options: LauncherOptions,
+    output: ConsoleOutput | None,
+    warm: Callable[[], WarmContext | None] | None = None,
 ) -> Executor:
-    """The executor that runs the session's jobs on ``plan`` (made by ``plan_for``)."""
+    """The executor that runs the session's jobs on ``plan`` (made by ``plan_for``). It
+    starts nothing until it is asked to (``start``, ``wait_ready``, ``submit``). ``warm``: what
+    a local fork server that is a fork of this process starts jobs from (see ``LocalPool``)."""
     if options.backend is Backend.LOCAL:
-        return LocalPool(plan, context, options.pool, output)
+        return LocalPool(plan, context, options.pool, output, warm)
     from furcate_hydra.ray_backend.cluster import RaySlotPlan, import_ray
     from furcate_hydra.ray_backend.pool import RayPool
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import pickle
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
+from hydra._internal.callbacks import Callbacks
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
 
 __all__ = ["HydraJobContext", "JobOutcome", "RemoteTraceback", "job_payload"]
 
@@ -47,6 +52,8 @@ class HydraJobContext:
     def __init__(
         self, task_function: TaskFunction, hydra_context: HydraContext, singleton_state: Any
     ) -> None:
+        """``singleton_state``: Hydra's, as ``Singleton.get_state()`` took it; None for a
+        fork of the launcher, which has the launcher's state as it is at the fork."""
         self.task_function = task_function
         self.hydra_context = hydra_context
         self.singleton_state = singleton_state
@@ -54,11 +61,15 @@ class HydraJobContext:
     def prepare(self) -> None:
         # Done once in the server so every forked job inherits the resolvers and singletons.
         setup_globals()
-        Singleton.set_state(self.singleton_state)
+        if self.singleton_state is not None:
+            Singleton.set_state(self.singleton_state)
 
-    def run(self, payload: bytes) -> JobOutcome:
+    def run(self, payload: bytes, gate: Callable[[], None]) -> JobOutcome:
+        # Hydra's set-up (job dir, .hydra/*.yaml, job logging, env_set) comes before the gate:
+        # a job forked ahead of its slot has done it by the time the slot frees
+        callbacks = _GatedCallbacks(self.hydra_context.callbacks, gate)
         job_return = run_job(
-            hydra_context=self.hydra_context,
+            hydra_context=dataclasses.replace(self.hydra_context, callbacks=callbacks),
             task_function=self.task_function,
             config=pickle.loads(payload),
             job_dir_key="hydra.sweep.dir",
@@ -73,6 +84,24 @@ class HydraJobContext:
         if not _picklable(error):
             job_return.return_value = RuntimeError(f"{type(error).__qualname__}: {error}")
         return JobOutcome(job_return, text)
+
+
+class _GatedCallbacks(Callbacks):
+    """The app's Hydra callbacks, with the gate passed right before ``on_job_start``: the
+    last step before the task, after Hydra's set-up."""
+
+    def __init__(self, callbacks: Callbacks, gate: Callable[[], None]) -> None:
+        super().__init__()
+        self.callbacks = callbacks.callbacks
+        self._gate = gate
+
+    def on_job_start(
+        self, config: DictConfig, *, task_function: TaskFunction, **kwargs: Any
+    ) -> None:
+        self._gate()
+        # the slot's variables are in place now; hydra.job.env_set still has the last word
+        os.environ.update({str(k): str(v) for k, v in config.hydra.job.env_set.items()})
+        super().on_job_start(config, task_function=task_function, **kwargs)
 
 
 def _picklable(value: object) -> bool:

@@ -4,6 +4,9 @@ launch(overrides...) ──► every job's dir and log inside the sweep dir? (ch
                         the pool starts; job_dirs) ──► else refused, nothing runs
                     ──► compose each job's config here (SweepComposer, job num/id): a JobRecord
                     ──► recorder: fingerprint, one MLflow lookup per chunk ──► skip / resume / run
+                    ──► the first job that is not skipped warms the session up: the fork server
+                        (a fork of this process), then MLflow opens the store; a sweep whose
+                        every job is skipped starts neither
                     ──► recorder: claim the configs to run, one lookup of rivals per chunk ──►
                         lost: held by another launcher, waited for (no process started)
                     ──► executor.submit(record: payload = config, env = run + dirs + trial)
@@ -56,7 +59,7 @@ from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
 from furcate_hydra.reasons import one_line_reason, pruned_reason
-from furcate_hydra.store import Action, Decision, RunRecord, code_version
+from furcate_hydra.store import Action, Decision, RunRecord, code_version, database_opened
 from furcate_hydra.store.trace_log import TraceLog
 from furcate_hydra.tracing import ResourceTracer, TracePeaks
 
@@ -95,9 +98,9 @@ class LaunchSession:
         self.config = config
         self.hydra_context = hydra_context
         self.task_function = task_function
-        # Plan and open the store before anything runs, so bad options or an unreachable
-        # store cost nothing.
-        check_job_name(config)  # it names the store's experiment, opened below
+        # Plan before anything runs, so bad options cost nothing. Nothing starts here: the
+        # fork server and the store wait for the first job that is not skipped (warm_up).
+        check_job_name(config)  # it names the store's experiment
         try:
             plan = plan_for(options)
             code = code_version(_module_file(task_function))
@@ -108,22 +111,21 @@ class LaunchSession:
         self._context = self._context_blob()
         self.tally = SweepTally(len(plan.slots))
         self.view = make_view(options.progress.mode, self.tally, options.progress.every_s)
+        self._view_on = False
+        self._warm = False
         output = self.view.write_output if self.view.owns_output else None
-        # seconds of imports, before the first job can start
-        log.info(
-            "furcate: starting the fork server (importing %s once, for every job to start from) …",
-            ", ".join(options.pool.preload) + " and the task's module"
-            if options.pool.preload
-            else "the task's module",
-        )
-        self.executor = start_executor(plan, self._context, options, output)
+        self.executor = start_executor(plan, self._context, options, output, self._fork_context)
         self.executor.add_listener(self.tally.on_event)
         self.executor.add_listener(self._on_event)
-        self.tracer = start_tracer(options.trace_interval_s, self.recorder.tracking_uri)
+        # started with the first job that runs (warm_up): its thread would keep the fork
+        # server from being a fork, its MLflow client would load MLflow for a rerun
+        self._trace_interval_s = options.trace_interval_s
+        self.tracer: ResourceTracer | None = None
         self.summary = SweepSummary()
         self.fail_fast = options.fail_fast
         self._job_env = options.checkpoints.job_env()  # every job's, before its own
         self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
+        self._stopped_note: tuple[int, int] | None = None  # queued and running jobs then
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, JobReturn]] = []  # skipped: handed back at the next wait
         # held by other launchers: the job and the run it waits for
@@ -174,6 +176,8 @@ class LaunchSession:
         holds come out once it ended there, with its outcome.
         """
         jobs = [self._compose(request) for request in requests]
+        if not self.recorder.decides_without_store:
+            self.warm_up()  # the lookup needs the store, and the server is forked before it
         if self._failing_fast is not None:
             for job in jobs:  # never started, never recorded: a rerun runs them
                 self.submitted += 1
@@ -181,10 +185,20 @@ class LaunchSession:
                 self._ready.append((job.key, self._not_started(job)))
             return jobs
         self.submitted += len(jobs)
-        self._dispatch(jobs, self.recorder.prepare(jobs))
+        decisions = self.recorder.prepare(jobs)
+        if decisions is None:  # only MLflow can read this store: open it first
+            self.warm_up()
+            decisions = self.recorder.prepare(jobs)
+            assert decisions is not None
+        self._dispatch(jobs, decisions)
         return jobs
 
     def _dispatch(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> None:
+        if self.recorder.needs_store(decisions) or any(
+            d.action not in (Action.SKIP, Action.REPORT_FAILURE) for d in decisions
+        ):
+            self.warm_up()
+            self.start_view()
         decisions = self.recorder.claim(jobs, decisions)
         for job, decision in zip(jobs, decisions, strict=True):
             interrupts.check()  # composing a batch can take a while: a lost Ctrl-C stops it
@@ -228,6 +242,36 @@ class LaunchSession:
                 self._finish(job)
                 raise
             self._jobs[job.key] = job
+
+    def warm_up(self) -> None:
+        """What the first job that is not skipped does first (once; callable before, as the
+        benchmarks do): MLflow's modules, then the fork server (a fork of this process: it
+        gets them, and the task's, for free; made before the store opens, so it shares no
+        connection), then the store while the server loads anything it still needs, then
+        wait for the server. A Ctrl-C during it ends the app with one line."""
+        if self._warm:
+            return
+        try:
+            self.recorder.load_store_modules()
+            self.executor.start()
+            self.recorder.open_store()
+            self.executor.wait_ready()
+            self.tracer = start_tracer(self._trace_interval_s, self.recorder.tracking_uri)
+        except KeyboardInterrupt:
+            log.warning("furcate: interrupted while starting; no job ran")
+            raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
+        self._warm = True
+
+    def start_view(self) -> None:
+        """Show the progress view (after the fork: a fork copies no other thread)."""
+        if not self._view_on:
+            self._view_on = True
+            self.view.start()
+
+    def stop_view(self) -> None:
+        if self._view_on:
+            self._view_on = False
+            self.view.stop()
 
     def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
         """Jobs that ended: here, or (held elsewhere) in another launcher; at least one unless
@@ -301,6 +345,13 @@ class LaunchSession:
     def idle_slots(self) -> int:
         return self.executor.idle_slots
 
+    @property
+    def jobs_ahead(self) -> int:
+        """Jobs worth submitting beyond the free slots: forked ahead, one per slot, each starts
+        the moment a slot frees. None under fail_fast, where no job may start on the slot of
+        one that failed (and a job never started should have no run)."""
+        return 0 if self.fail_fast else self.executor.slot_count
+
     def sweep_status(
         self, to_come: int | None = None, best: str | None = None, pruned: int | None = None
     ) -> None:
@@ -314,7 +365,7 @@ class LaunchSession:
         if self._closed:
             return 0
         self._closed = True
-        self.view.stop()
+        self.stop_view()
         self.executor.close()
         stopped = len(self._jobs)
         for job in self._jobs.values():  # the summary counts what the interrupt stopped
@@ -354,6 +405,14 @@ class LaunchSession:
         elif event.kind is EventKind.PREEMPTED:
             self.summary.preempted()
             self.recorder.preempted(event.job)
+        elif event.kind is EventKind.ENDED and self.fail_fast and self._failing_fast is None:
+            # at once, before the executor gives the slot its next job
+            job = event.job
+            job_return = self._to_job_return(job)
+            if job_return.status is not JobStatus.COMPLETED:
+                outcome = _outcome(job, _error_text(job, job_return))
+                if outcome != "not started":
+                    self._start_no_more(job, outcome)
 
     def _end_trace(self, key: str) -> TracePeaks | None:
         return self.tracer.end(key) if self.tracer is not None else None
@@ -393,19 +452,8 @@ class LaunchSession:
 
     def _did_not_finish(self, job: JobRecord, job_return: JobReturn) -> None:
         """Say why at once, keep the summary's row, and under fail_fast start nothing more."""
-        if job.state is JobState.COMPLETED:  # the task raised: the exception says why
-            error = job_return._return_value
-            text = f"{type(error).__name__}: {error}"
-        else:
-            text = job.error or job.state.value
-        if job.state is JobState.CANCELLED:
-            outcome = "killed" if job.started_at is not None else "not started"
-        elif job.state is JobState.CRASHED:  # killed from outside, or died of a signal
-            outcome = "killed" if re.search(r"by SIG(KILL|TERM)\b", text) else "crashed"
-        elif job.state is JobState.PREEMPTED:  # more often than it may be queued again
-            outcome = "preempted"
-        else:
-            outcome = "failed"
+        text = _error_text(job, job_return)
+        outcome = _outcome(job, text)
         reason = one_line_reason(text) or outcome
         logs = job.paths.stderr if job.paths.stderr.exists() else job.paths.output_dir
         self.summary.did_not_finish(Unfinished(job.num, job.label, outcome, reason, str(logs)))
@@ -413,16 +461,22 @@ class LaunchSession:
             return
         log.warning("furcate: job #%d %s: %s (logs: %s)", job.num, outcome, reason, logs)
         if self.fail_fast and self._failing_fast is None:
-            self._failing_fast = f"hydra.launcher.fail_fast after job #{job.num} {outcome}"
-            queued = [key for key, held in self._jobs.items() if held.state is JobState.QUEUED]
-            self.executor.cancel(queued)
-            running = sum(1 for held in self._jobs.values() if held.state is JobState.RUNNING)
+            self._start_no_more(job, outcome)
+        if self._stopped_note is not None:  # said after the job that made it stop
             log.warning(
                 "furcate: fail_fast: %d queued job(s) and any the sweeper submits are not "
                 "started; the %d running one(s) finish",
-                len(queued),
-                running,
+                *self._stopped_note,
             )
+            self._stopped_note = None
+
+    def _start_no_more(self, job: JobRecord, outcome: str) -> None:
+        """fail_fast: the jobs queued are cancelled, and any submitted later not started."""
+        self._failing_fast = f"hydra.launcher.fail_fast after job #{job.num} {outcome}"
+        queued = [key for key, held in self._jobs.items() if held.state is JobState.QUEUED]
+        self.executor.cancel(queued)
+        running = sum(1 for held in self._jobs.values() if held.state is JobState.RUNNING)
+        self._stopped_note = (len(queued), running)
 
     def _not_started(self, job: JobRecord) -> JobReturn:
         job_return = self._to_job_return(job)
@@ -437,6 +491,15 @@ class LaunchSession:
             log.info(self.summary.text(snap.elapsed_s, snap.best))
         text = self.summary.markdown(snap.elapsed_s, snap.best).encode()
         atomic_write_bytes(self.recorder.sweep.summary, text, durable=False)
+
+    def _fork_context(self) -> HydraJobContext | None:
+        """What the fork server starts jobs from if it is a fork of this process, asked as
+        it starts: none where MLflow has database connections open here (an earlier launch
+        in this process, a value read back by a sweeper), which its jobs would share. A fork
+        has Hydra's singletons as they are then."""
+        if database_opened():
+            return None
+        return HydraJobContext(self.task_function, self.hydra_context, None)
 
     def _context_blob(self) -> bytes:
         context = HydraJobContext(self.task_function, self.hydra_context, Singleton.get_state())
@@ -515,12 +578,11 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     Path(str(session.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     session.refresh_context()
     session.submitted = session.skipped = session.skipped_stale = session.elsewhere = 0
-    session.view.start()
     session.in_stream = True
     try:
-        yield
+        yield  # the view starts with the first job that runs (LaunchSession.start_view)
         session.in_stream = False
-        session.view.stop()
+        session.stop_view()
         session.recorder.flush()
         session.summary.pruned(session.tally.snapshot().pruned)
         session.write_summary()
@@ -547,7 +609,7 @@ def streaming(session: LaunchSession) -> Iterator[None]:
                 code.key if code is not None else "unknown",
             )
     except ExecutorBrokenError:
-        session.view.stop()
+        session.stop_view()
         session.close()  # the sweep failed; it was not interrupted
         raise
     except KeyboardInterrupt:
@@ -570,6 +632,25 @@ def streaming(session: LaunchSession) -> Iterator[None]:
         raise
     finally:
         session.in_stream = False
+
+
+def _error_text(job: JobRecord, job_return: JobReturn) -> str:
+    """Why a job did not finish, in words."""
+    if job.state is JobState.COMPLETED:  # the task raised: the exception says why
+        error = job_return._return_value
+        return f"{type(error).__name__}: {error}"
+    return job.error or job.state.value
+
+
+def _outcome(job: JobRecord, text: str) -> str:
+    """How a job that did not finish ended: failed, crashed, killed, preempted, not started."""
+    if job.state is JobState.CANCELLED:
+        return "killed" if job.started_at is not None else "not started"
+    if job.state is JobState.CRASHED:  # killed from outside, or died of a signal
+        return "killed" if re.search(r"by SIG(KILL|TERM)\b", text) else "crashed"
+    if job.state is JobState.PREEMPTED:  # more often than it may be queued again
+        return "preempted"
+    return "failed"
 
 
 def task_overrides(overrides: Sequence[str]) -> list[str]:

@@ -192,18 +192,21 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
             "set hydra.launcher.max_preemptions=3, or 0 to end a preempted job's part in "
             "the sweep (its run stays resumable)",
         )
-    preload = name_list(
-        "hydra.launcher.preload",
-        plain(options["preload"]),
-        "module names",
-        "hydra.launcher.preload=[torch,pytorch_lightning] (or [] to preload nothing)",
-    )
+    preload = None
+    if options["preload"] is not None:  # unset: what the launcher's process has loaded
+        preload = name_list(
+            "hydra.launcher.preload",
+            plain(options["preload"]),
+            "module names",
+            "hydra.launcher.preload=[torch,pytorch_lightning], or leave it unset",
+        )
     return PoolOptions(
         max_retries=max_retries,
         max_preemptions=max_preemptions,
         preload=preload,
         echo_output=bool(options["echo_output"]),
         stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),
+        fork_ahead=not _flag(options, "fail_fast"),
     )
 
 

@@ -1,6 +1,7 @@
 """Every job an MLflow run: decide skip/resume/run per batch, record outcomes, write run data.
 
-prepare(jobs) ──► fingerprints ──► one store lookup ──► a Decision per job
+prepare(jobs) ──► fingerprints ──► one store lookup ──► a Decision per job (a sqlite store is
+                 read without MLflow until something must be written: needs_store)
 claim(jobs, decisions) ──► jobs to run or resume: a claim each, one lookup of rivals ──►
                            lost ones become ELSEWHERE (another launcher holds the config)
 open(job, decision) ──► FINISHED before    → JobReturn from the record, not run
@@ -10,8 +11,9 @@ follow(waiting) ──► one lookup: configs held elsewhere that ended (their o
                     or a failure) or were let go (decided again)
 record(job, JobReturn) ──► FINISHED / FAILED / KILLED, return value, artifacts,
                            run_data.json; a row for run_data.csv (kept on disk: SweepRows)
-The first batch also opens the sweep's parent run and writes furcate_sweep.json, which says
-where the sweep records (``furcate status`` starts from it).
+The first batch writes furcate_sweep.json, which says where the sweep records (``furcate status``
+starts from it); the first job to run opens the sweep's parent run, and the record names it.
+A sweep that runs nothing writes nothing into the store.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ from furcate_hydra.store import (
     RunStatus,
     RunStore,
     Tags,
+    check_tracking_uri,
     flatten_params,
     resolve_tracking_uri,
 )
+from furcate_hydra.store.access import StoreAccess
 from furcate_hydra.store.fingerprint import fingerprint
 from furcate_hydra.store.run_data import (
     JobRow,
@@ -57,7 +61,6 @@ from furcate_hydra.store.run_data import (
 )
 from furcate_hydra.store.sweep_record import SweepRecord
 from furcate_hydra.store.sweep_rows import SweepRows
-from furcate_hydra.store.ui_link import experiment_link
 from furcate_hydra.tracing import METRIC_PREFIX, TracePeaks
 
 log = logging.getLogger(__name__)
@@ -87,40 +90,67 @@ class JobRecorder:
         self._code_check = CodeCheck(code.key if code else None, options.code_change)
         self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
         self._invocation = " ".join(given_overrides(launcher_config, "task"))
-        self.store: RunStore | None = None
+        self.access: StoreAccess | None = None  # None: not recording
         if options.enabled:
             tracking = resolve_tracking_uri(options.tracking_uri)
-            experiment = options.experiment_name or str(launcher_config.hydra.job.name)
-            # loading MLflow and, the first time, creating a store's tables takes seconds
-            log.info("furcate: opening the MLflow store %s …", tracking.uri)
-            self.store = RunStore(
+            # before anything runs: an unreachable server, a damaged sqlite file stop the sweep
+            check_tracking_uri(tracking)
+            self.access = StoreAccess(
                 tracking,
-                experiment,
-                options.heartbeat_s,
-                options.stale_after_s,
+                options.experiment_name or str(launcher_config.hydra.job.name),
+                heartbeat_s=options.heartbeat_s,
+                stale_after_s=options.stale_after_s,
                 sqlite_wal=options.sqlite_wal,
             )
-            log.info(
-                "furcate: recording runs in experiment %r; to see them: %s",
-                experiment,
-                experiment_link(tracking.uri, self.store.experiment_id),
-            )
+        self._started_at: float | None = None  # when the sweep's record was first written
         self._sweep_recorded = False
         self._rows = SweepRows()
         self._claims: dict[str, Claim] = {}  # won, by job key, until the job's run is opened
         self._csv_written = 0.0
 
+    # -- the store ----------------------------------------------------------------------
+
+    @property
+    def store(self) -> RunStore | None:
+        """The store, once MLflow has opened it (``open_store``)."""
+        return self.access.store if self.access is not None else None
+
+    @property
+    def decides_without_store(self) -> bool:
+        """Whether ``prepare`` may decide before the store is opened (not recording, or a
+        sqlite file, read without MLflow)."""
+        return self.access is None or self.access.can_decide
+
+    def needs_store(self, decisions: Sequence[Decision]) -> bool:
+        """Whether these decisions write into the store, which must be opened first."""
+        return self.access is not None and self.access.needs_store(decisions)
+
+    def load_store_modules(self) -> None:
+        """Import MLflow (seconds), without opening the store."""
+        if self.access is not None:
+            self.access.load_modules()
+
+    def open_store(self) -> None:
+        """Open the store through MLflow, once: from now on everything goes through it."""
+        if self.access is not None:
+            self.access.open()
+
     # -- before jobs run ----------------------------------------------------------------
 
-    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision]:
-        """Fingerprint a batch and decide each job with one store lookup for all of them."""
+    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+        """Fingerprint a batch and decide each job with one store lookup for all of them;
+        None when only MLflow can read the store: ``open_store``, then prepare again."""
         for job in jobs:
             job.fingerprint = fingerprint(job.task_config, self.options.fingerprint_ignore)
         decisions: dict[str, Decision] = {}
-        self._ensure_sweep_run()
-        if self.store is not None:
+        if self.access is not None:
             fingerprints = {str(j.fingerprint) for j in jobs}
-            decisions = self.store.decide(fingerprints, self.options.rerun, self._code_check)
+            decided = self.access.decide(fingerprints, self.options.rerun, self._code_check)
+            if decided is None:
+                return None
+            decisions = decided
+        if self._started_at is None:
+            self._write_sweep_record()
         run = Decision(Action.RUN)
         return [decisions.get(str(job.fingerprint), run) for job in jobs]
 
@@ -130,6 +160,7 @@ class JobRecorder:
         A config twice in the batch is claimed once; its twin waits for that run."""
         if self.store is None:
             return list(decisions)
+        self._ensure_sweep_run()
         claiming = [Action.RUN, Action.RESUME]
         requests: list[ClaimRequest] = []
         owners: dict[str, str] = {}  # fingerprint → key of the job that claims it
@@ -184,8 +215,8 @@ class JobRecorder:
         once the job's run is open (its claim's new run, or the interrupted one) and its env
         is set. Not for ELSEWHERE: such a job waits (``follow``)."""
         record = decision.record
-        if decision.action is Action.SKIP and record is not None and self.store is not None:
-            value = self.store.recorded_return_value(record)
+        if decision.action is Action.SKIP and record is not None and self.access is not None:
+            value = self.access.recorded_return_value(record)
             recorded = Path(record.output_dir) if record.output_dir else None
             # the recorded run's dir holds what the task wrote; once deleted, the new job dir
             # (its .hydra/ files, its log, a run_data.json naming the run) stands in for it
@@ -286,23 +317,27 @@ class JobRecorder:
         }
 
     def _ensure_sweep_run(self) -> None:
-        """The sweep's parent run, and the sweep dir's record of where it is, once."""
-        if self._sweep_recorded:
+        """The sweep's parent run, and the sweep dir's record naming it, once."""
+        if self._sweep_recorded or self.store is None:
             return
         self._sweep_recorded = True
-        store = self.store
-        if store is not None:
-            sweep_dir = self.sweep.sweep_dir
-            store.start_sweep(
-                sweep_run_name(time.time(), self._invocation),
-                {Tags.SWEEP_DIR: str(sweep_dir), Tags.OVERRIDES: self._invocation},
-            )
+        self.store.start_sweep(
+            sweep_run_name(time.time(), self._invocation),
+            {Tags.SWEEP_DIR: str(self.sweep.sweep_dir), Tags.OVERRIDES: self._invocation},
+        )
+        self._write_sweep_record()
+
+    def _write_sweep_record(self) -> None:
+        """furcate_sweep.json: the store and experiment, and the sweep run once there is one."""
+        if self._started_at is None:
+            self._started_at = time.time()
+        access, store = self.access, self.store
         SweepRecord(
-            tracking_uri=store.tracking_uri if store else None,
-            experiment_id=store.experiment_id if store else None,
-            experiment_name=store.experiment_name if store else None,
+            tracking_uri=access.tracking.uri if access else None,
+            experiment_id=access.experiment_id if access else None,
+            experiment_name=access.experiment if access else None,
             sweep_run_id=store.sweep_run_id if store else None,
-            started_at=time.time(),
+            started_at=self._started_at,
             stale_after_s=self.options.stale_after_s,
         ).write(self.sweep.sweep_record)
 
@@ -359,7 +394,7 @@ class JobRecorder:
 
     @property
     def tracking_uri(self) -> str | None:
-        return self.store.tracking_uri if self.store is not None else None
+        return self.access.tracking.uri if self.access is not None else None
 
     @property
     def sweep_run_id(self) -> str | None:
@@ -370,11 +405,11 @@ class JobRecorder:
         """Rewrite run_data.csv (and log it to the sweep's run)."""
         if (not force and time.time() - self._csv_written < _CSV_EVERY_S) or not self._rows:
             return
-        if self.store is not None:
+        if self.access is not None:
             while run_ids := self._rows.pending_runs(_METRICS_CHUNK):
                 metrics = {
                     run_id: _final_metrics(values)
-                    for run_id, values in self.store.latest_metrics(run_ids).items()
+                    for run_id, values in self.access.latest_metrics(run_ids).items()
                 }
                 for row in self._rows.set_metrics(run_ids, metrics):
                     update_run_data_metrics(Path(row.output_dir) / JobPaths.RUN_DATA, row.metrics)

@@ -64,6 +64,12 @@ class StreamingLauncher(Protocol):
         ...
 
     @property
+    def jobs_ahead(self) -> int:
+        """How many jobs beyond the free slots are worth submitting: the launcher has them
+        ready (forked, set up) to start the moment a slot frees; 0: none."""
+        ...
+
+    @property
     def tracking_uri(self) -> str | None:
         """Where jobs are recorded; None when MLflow recording is off."""
         ...

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from furcate_hydra.errors import ExecutorBrokenError
+from furcate_hydra.execution.forkserver.client import HEAVY_MODULES
 from furcate_hydra.ray_backend.cluster import RaySlotPlan
 from furcate_hydra.ray_backend.slot_actor import NodeInfo, SlotActor
 
@@ -34,7 +35,7 @@ class SlotActors:
         self,
         ray: Any,
         plan: RaySlotPlan,
-        preload: tuple[str, ...],
+        preload: tuple[str, ...] | None,
         context: bytes,
         start_timeout_s: float,
     ) -> None:
@@ -42,7 +43,13 @@ class SlotActors:
         self.plan = plan
         self.context = context  # what a new actor starts with
         self.start_timeout_s = start_timeout_s
-        self._preload = list(preload)
+        # unset: the heavy modules the launcher has loaded (its task's imports), as a new
+        # interpreter's fork server on this machine would import them
+        self._preload = (
+            list(preload)
+            if preload is not None
+            else [name for name in HEAVY_MODULES if name in sys.modules]
+        )
         self._class = ray.remote(SlotActor).options(
             num_gpus=plan.gpus_per_slot,
             num_cpus=plan.cpus_per_slot,

@@ -95,7 +95,9 @@ class RayOptions:
                 "set it to the memory of one of the cluster's GPUs, e.g. 80",
             )
         timeout = positive_seconds(
-            "hydra.launcher.ray.start_timeout_s", options.get("start_timeout_s", cls.start_timeout_s), 600
+            "hydra.launcher.ray.start_timeout_s",
+            options.get("start_timeout_s", cls.start_timeout_s),
+            600,
         )
         return cls(
             address=address,

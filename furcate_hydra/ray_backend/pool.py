@@ -28,7 +28,7 @@ from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver import ChildReport
-from furcate_hydra.execution.forkserver.protocol import Start
+from furcate_hydra.execution.forkserver.protocol import Placement, Start
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.preemption import PREEMPTION_SIGNALS
@@ -100,6 +100,13 @@ class RayPool:
     def describe(self) -> str:
         ips = sorted({info.ip for info in self._actors.nodes.values()})
         return f"{self.plan.describe()}; actors on {', '.join(ips) or 'no node yet'}"
+
+    def start(self) -> None:
+        """Nothing to do: unlike the local pool, the slot actors start with the pool (its plan
+        joined the cluster already, and Ray starts actors in seconds, not per job)."""
+
+    def wait_ready(self) -> None:
+        """Nothing to wait for: the pool waited for its actors when it was made."""
 
     def add_listener(self, listener: JobListener) -> None:
         self._listeners.append(listener)
@@ -202,16 +209,16 @@ class RayPool:
             job.ended_at, job.pid = None, None
             job.started_at = time.time()  # the fork time replaces it when the job ends
             job.paths.output_dir.mkdir(parents=True, exist_ok=True)
-            env = {**job.env, "FURCATE_SLOT": str(index)}
+            slot_env = {"FURCATE_SLOT": str(index)}  # Ray sets CUDA_VISIBLE_DEVICES itself
             if job.slot.threads is not None:
                 for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-                    env[name] = str(job.slot.threads)
+                    slot_env[name] = str(job.slot.threads)
             start = Start(
                 key=job.key,
                 payload=job.payload,
-                env=env,
-                cpus=None,  # Ray gives CPU counts, not cores: threads follow, nothing pinned
-                threads=job.slot.threads,
+                env=job.env,
+                # Ray gives CPU counts, not cores: threads follow, nothing pinned
+                placement=Placement(index, slot_env, None, job.slot.threads),
                 stdout_path=str(job.paths.stdout),
                 stderr_path=str(job.paths.stderr),
                 result_path="",  # the actor's own, on its node

@@ -119,7 +119,7 @@ class SlotActor:
         while True:
             event = self._server.receive(timeout=None)
             if isinstance(event, Started) and event.key == start.key:
-                pid, started_at = event.pid, event.forked_at
+                pid, started_at = event.pid, event.started_at
                 with self._lock:  # a kill that came while the job was being forked
                     signum = self._kill_requested.get(start.key)
                     if signum is not None:

@@ -11,7 +11,7 @@ from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, de
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.params import flatten_params
 from furcate_hydra.store.records import RunRecord, RunStatus, Tags
-from furcate_hydra.store.run_store import RunStore
+from furcate_hydra.store.run_store import RunStore, database_opened, note_store_opened
 from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, resolve_tracking_uri
 
 __all__ = [
@@ -31,8 +31,10 @@ __all__ = [
     "TrackingUri",
     "check_tracking_uri",
     "code_version",
+    "database_opened",
     "decide",
     "flatten_params",
     "launcher_gone",
+    "note_store_opened",
     "resolve_tracking_uri",
 ]

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from furcate_hydra.store.records import RunRecord, Tags
+from furcate_hydra.store.records import RunRecord, RunStatus, Tags
 
-__all__ = ["LauncherIdentity", "launcher_gone", "process_start_ticks"]
+__all__ = ["Gone", "LauncherIdentity", "launcher_gone", "liveness", "process_start_ticks"]
+
+# Why a RUNNING run's launcher is gone, or None while it may be alive.
+Gone = Callable[[RunRecord], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,32 @@ def launcher_gone(
     if age > stale_after_s:
         return f"its launcher on {tags.get(Tags.HOST, '?')} last sent a heartbeat {age:.0f} s ago"
     return None
+
+
+def liveness(
+    records: Iterable[RunRecord],
+    here: LauncherIdentity,
+    heartbeats: Callable[[set[str]], dict[str, float]],
+    stale_after_s: float,
+) -> Gone:
+    """``launcher_gone`` for these records' RUNNING runs, with the heartbeats it needs (those
+    of sweeps on other machines, read once by ``heartbeats(parent run ids)``: here a pid
+    tells)."""
+    remote = {
+        r.parent_run_id
+        for r in records
+        if r.status is RunStatus.RUNNING
+        and r.parent_run_id
+        and not (here.boot_id and r.tags.get(Tags.HOST) == here.host)
+    }
+    beats = heartbeats(remote) if remote else {}
+    now = time.time()
+
+    def gone(record: RunRecord) -> str | None:
+        beat = beats.get(record.parent_run_id or "")
+        return launcher_gone(record, here, beat, now, stale_after_s)
+
+    return gone
 
 
 def process_start_ticks(pid: int) -> str | None:

@@ -19,17 +19,18 @@ from __future__ import annotations
 import logging
 import pickle
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
 from furcate_hydra.store.claims import WON, Claim, ClaimRequest, Verdict, judge
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
-from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
+from furcate_hydra.store.liveness import Gone, LauncherIdentity, launcher_gone, liveness
 from furcate_hydra.store.lookup import find_runs, runs_by_id
 from furcate_hydra.store.records import (
     RETURN_VALUE_ARTIFACT,
@@ -41,7 +42,7 @@ from furcate_hydra.store.records import (
 )
 from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, creating_store
 
-__all__ = ["EXPERIMENT_KIND", "MODEL_TRAINING", "RunStore"]
+__all__ = ["EXPERIMENT_KIND", "MODEL_TRAINING", "RunStore", "database_opened"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,43 @@ CLAIM_LOOK_S = 0.05
 # ... and at most this long in all; then it withdraws itself (always safe; see claims.py).
 CLAIM_PATIENCE_S = 30.0
 
-Gone = Callable[[RunRecord], "str | None"]
+
+# Whether a RunStore, or a sweeper, opened an MLflow client in this process (database_opened).
+_opened = False
+# Where MLflow caches the stores it has opened (in the versions furcate has met), by module.
+_MLFLOW_STORE_CACHES = (
+    ("mlflow.tracking._tracking_service.utils", "_get_sqlalchemy_store"),
+    (
+        "mlflow.tracking._tracking_service.registry",
+        "TrackingStoreRegistry._get_store_with_resolved_uri",
+    ),
+)
+
+
+def database_opened() -> bool:
+    """Whether this process has opened an MLflow store: by a launcher before (a RunStore), by
+    a sweeper (``note_store_opened``), or by other code (MLflow keeps its stores, with their
+    open connections, in a cache).
+
+    A fork of this process must then not be the fork server: its jobs would find the cached
+    store and use connections the launcher uses too, which sqlite forbids across a fork.
+    """
+    if _opened:
+        return True
+    for module, path in _MLFLOW_STORE_CACHES:
+        cached: object = sys.modules.get(module)
+        for name in path.split("."):
+            cached = getattr(cached, name, None)
+        info = getattr(cached, "cache_info", None)
+        if info is not None and info().currsize:
+            return True
+    return False
+
+
+def note_store_opened() -> None:
+    """This process has an MLflow client on a store open (see ``database_opened``)."""
+    global _opened
+    _opened = True
 
 
 class RunStore:
@@ -71,13 +108,19 @@ class RunStore:
         stale_after_s: float,
         *,
         sqlite_wal: bool,
+        checked: bool = False,
     ) -> None:
+        """``checked``: ``check_tracking_uri`` passed already (a sqlite file is checked in
+        full, which costs a read of every page)."""
         from mlflow.tracking import MlflowClient
 
         # Before the first client: on a database URI it loads MLflow's SQL store, which warns.
         ignore_mlflow_sqlalchemy_deprecation()
-        check_tracking_uri(tracking)
+        if not checked:
+            check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
+        global _opened
+        _opened = True
         with creating_store(tracking):
             self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
         self.experiment_id = self._experiment(experiment_name)
@@ -91,6 +134,18 @@ class RunStore:
         self._artifact_uris: dict[str, str] = {}
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
+
+    @staticmethod
+    def load_modules(tracking: TrackingUri) -> None:
+        """Import what opening the store needs (seconds), without opening it: the modules
+        only, no connection and no thread, so that a fork of this process made next can share
+        them."""
+        import mlflow.tracking
+
+        scheme = tracking.uri.split(":", 1)[0].split("+")[0]
+        if scheme in ("sqlite", "postgresql", "mysql", "mssql"):
+            ignore_mlflow_sqlalchemy_deprecation()
+            import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
     # -- the sweep ----------------------------------------------------------------------
 
@@ -372,31 +427,19 @@ class RunStore:
         return str(Path(self.tracking_uri[len("sqlite:///") :]).parent / "mlruns")
 
     def _liveness(self, records: Iterable[RunRecord]) -> Gone:
-        """``launcher_gone`` for these records' RUNNING runs, with the heartbeats it needs
-        (those of sweeps on other machines: here a pid tells) read once."""
-        remote = {
-            r.parent_run_id
-            for r in records
-            if r.status is RunStatus.RUNNING and r.parent_run_id and not self._local(r)
-        }
+        """``launcher_gone`` for these records' RUNNING runs (liveness.py)."""
+        return liveness(records, self.identity, self._heartbeats, self.stale_after_s)
+
+    def _heartbeats(self, parent_ids: set[str]) -> dict[str, float]:
         beats: dict[str, float] = {}
-        for parent_id in remote:
+        for parent_id in parent_ids:
             try:
                 tags = self.client.get_run(parent_id).data.tags
             except Exception:  # a deleted parent: no heartbeat, the child counts as orphaned
                 continue
             if Tags.HEARTBEAT in tags:
                 beats[parent_id] = float(tags[Tags.HEARTBEAT])
-        now = time.time()
-
-        def gone(record: RunRecord) -> str | None:
-            beat = beats.get(record.parent_run_id or "")
-            return launcher_gone(record, self.identity, beat, now, self.stale_after_s)
-
-        return gone
-
-    def _local(self, record: RunRecord) -> bool:
-        return bool(self.identity.boot_id) and record.tags.get(Tags.HOST) == self.identity.host
+        return beats
 
     def _write_claim(self, request: ClaimRequest) -> Claim:
         if request.resumes is None:

@@ -29,6 +29,7 @@ from furcate_hydra.store.sweep_record import SweepRecord, SweepRecordError
 from furcate_hydra.store.sweep_snapshot import (
     FileRow,
     StoredRun,
+    SweepJobStatus,
     SweepSnapshot,
     job_snapshots,
 )
@@ -189,6 +190,10 @@ class SweepReader:
             now=now,
         )
         status, reason, end = "NOT RECORDED", None, None
+        if sweep is None and self._nothing_ran():
+            done = all(job.status is SweepJobStatus.SKIPPED for job in jobs)
+            status = "FINISHED" if done else "FAILED"
+            reason = "nothing ran: every config was recorded before"
         if sweep is not None:
             status = str(sweep.info.status)
             end = sweep.info.end_time / 1000 if sweep.info.end_time else None
@@ -200,13 +205,25 @@ class SweepReader:
             sweep_dir=self.paths.sweep_dir,
             status=status,
             reason=reason,
-            tracking_uri=self.tracking_uri if sweep is not None else None,
+            tracking_uri=self.tracking_uri if sweep is not None or self._nothing_ran() else None,
             experiment=self._experiment_name(),
             sweep_run_id=None if sweep is None else sweep.info.run_id,
             command=str(sweep.data.tags.get(Tags.OVERRIDES, "")) if sweep is not None else "",
             start=start,
             end=end,
             jobs=jobs,
+        )
+
+    def _nothing_ran(self) -> bool:
+        """A sweep whose every config was recorded before: it wrote nothing into its store
+        (no sweep run), and its record names the store and experiment its jobs came from."""
+        record = self.record
+        return (
+            self.sweep_run is None
+            and record is not None
+            and bool(record.tracking_uri)
+            and not record.sweep_run_id
+            and bool(record.experiment_id)
         )
 
     def _job_runs(self) -> Iterator[StoredRun]:
@@ -222,12 +239,18 @@ class SweepReader:
             yield from self._search(f"attributes.run_id IN ({quoted})")
 
     def _search(self, filter_string: str) -> Iterator[StoredRun]:
-        if self.client is None or self.sweep_run is None:
+        if self.client is None:
+            return
+        if self.sweep_run is not None:
+            experiment_id = self.sweep_run.info.experiment_id
+        elif self._nothing_ran() and self.record is not None:
+            experiment_id = self.record.experiment_id
+        else:
             return
         token = None
         while True:
             page = self.client.search_runs(
-                [self.sweep_run.info.experiment_id],
+                [experiment_id],
                 filter_string=filter_string,
                 max_results=_PAGE,
                 page_token=token,

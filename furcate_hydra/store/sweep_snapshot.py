@@ -90,8 +90,9 @@ class SweepSnapshot:
     Attributes:
         sweep_dir: Its sweep dir.
         status: The sweep run's state (``RUNNING``, ``INTERRUPTED``, ``FINISHED``, ``FAILED``,
-            ``KILLED``), or ``NOT RECORDED`` for a sweep without a store.
-        reason: Why it counts as interrupted, if it does.
+            ``KILLED``), or ``NOT RECORDED`` for a sweep without a store; a sweep that ran
+            nothing has no sweep run: ``FINISHED`` (or ``FAILED``, with recorded failures).
+        reason: Why it counts as interrupted, if it does; that it ran nothing.
         tracking_uri: Its store (None without one).
         experiment: Its experiment's name.
         sweep_run_id: Its sweep run.

@@ -76,8 +76,9 @@ class FurcateLauncherConf:
     # ... and after this many seconds: a lost machine costs a job at most this much training,
     # for ~0.7% of the training time of a 100 MB model with Adam (BENCHMARKS.md); null: off
     checkpoint_every_s: Optional[Any] = 300
-    # modules imported once by the warm fork server so jobs start in milliseconds
-    preload: List[str] = field(default_factory=lambda: ["torch", "pytorch_lightning", "mlflow"])
+    # modules the warm fork server imports besides what the launcher's process has loaded
+    # (the task's module and its imports: the server is a fork of it); unset: nothing more
+    preload: Optional[List[str]] = None
     # copy each job's stdout/stderr to the console as well as to its log files
     echo_output: bool = True
     # the sweep's progress: auto (a live view on a terminal, plain status lines otherwise),

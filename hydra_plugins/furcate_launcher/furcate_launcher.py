@@ -74,6 +74,10 @@ class FurcateLauncher(Launcher):
         return self.session().executor.slot_count
 
     @property
+    def jobs_ahead(self) -> int:
+        return self.session().jobs_ahead
+
+    @property
     def tracking_uri(self) -> str | None:
         return self.session().recorder.tracking_uri
 

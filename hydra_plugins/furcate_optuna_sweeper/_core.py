@@ -494,34 +494,39 @@ def _concurrency(sweep: StudySweep, slots: int) -> int:
 
 
 def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
-    """Every free slot runs a trial; a trial's end is told and the next trial asked at once."""
+    """Every free slot runs a trial, and (with a trial per slot) the next trial of each slot is
+    asked and submitted ahead while the slots are busy: when a trial ends, its slot's next one
+    starts at once, and the end is told after. A sampler that sees running trials (TPE's
+    constant liar, on by default) counts the trials asked ahead as running ones."""
     in_flight: dict[str, TrialJob] = {}
-    # trials sampled with the config of a running trial: told its outcome, not run twice
-    followers: dict[str, list[TrialJob]] = {}
+    # trials sampled with the config of a running trial, by its job number: told its outcome,
+    # not run twice
+    followers: dict[int, list[TrialJob]] = {}
     stopping = False
-    submitting: TrialJob | None = None  # asked, not yet in_flight: stopped, it is told too
+    submitting: list[TrialJob] = []  # asked, not yet in_flight: stopped, they are told too
     try:
         with launcher.streaming():
             concurrency = _concurrency(sweep, launcher.slot_count)
+            # ahead only where every slot runs a trial: else a trial asked ahead would start
+            # on a free slot, beyond n_jobs
+            every_slot = concurrency >= launcher.slot_count
+            ahead = min(concurrency, launcher.jobs_ahead) if every_slot else 0
             while in_flight or (sweep.started < sweep.to_start and not stopping):
                 done: list[tuple[str, JobReturn]] = []
-                if len(in_flight) < concurrency and sweep.started < sweep.to_start and not stopping:
-                    trial, task = sweep.ask()
-                    leader = next((j for j in in_flight.values() if j.task == tuple(task)), None)
-                    if leader is not None:
-                        key = next(k for k, j in in_flight.items() if j is leader)
-                        followers.setdefault(key, []).append(sweep.job(trial, task, leader))
-                        continue
-                    job = submitting = sweep.job(trial, task)
-                    (key,) = launcher.submit_batch([job.request()])
-                    in_flight[key], submitting = job, None
+                room = (concurrency + ahead if in_flight else concurrency) - len(in_flight)
+                if room > 0 and sweep.started < sweep.to_start and not stopping:
+                    submitting = _ask_jobs(sweep, room, [*in_flight.values()], followers)
+                    if submitting:
+                        keys = launcher.submit_batch([job.request() for job in submitting])
+                        in_flight.update(zip(keys, submitting, strict=True))
+                        submitting = []
                     done = launcher.wait_any(timeout=0)  # a recorded config comes back at once
                 else:
                     done = launcher.wait_any()
                 for key, job_return in done:
                     job = in_flight.pop(key)
                     sweep.tell(job, job_return, key)
-                    for follower in followers.pop(key, []):
+                    for follower in followers.pop(job.num, []):
                         sweep.tell(follower, job_return, key, leader=job)
                     if not stopping and sweep.too_many_failures(concurrency):
                         stopping = True
@@ -535,9 +540,34 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
                 launcher.sweep_status(to_come=to_come, best=sweep.best, pruned=sweep.pruned)
     except BaseException as exc:
         waiting = [job for jobs in followers.values() for job in jobs]
-        held = [*in_flight.values(), *waiting, *([submitting] if submitting else [])]
+        held = [*in_flight.values(), *waiting, *submitting]
         sweep.interrupted([job.trial for job in held], f"sweep stopped: {type(exc).__name__}")
         raise
+
+
+def _ask_jobs(
+    sweep: StudySweep,
+    room: int,
+    running: list[TrialJob],
+    followers: dict[int, list[TrialJob]],
+) -> list[TrialJob]:
+    """Up to ``room`` new trials as jobs, submitted in one batch (one store lookup); a trial
+    sampled with the config of one running or in this batch follows it instead."""
+    jobs: list[TrialJob] = []
+    asked = 0
+    try:
+        while asked < room and sweep.started < sweep.to_start:
+            trial, task = sweep.ask()
+            asked += 1
+            leader = next((j for j in [*running, *jobs] if j.task == tuple(task)), None)
+            if leader is not None:
+                followers.setdefault(leader.num, []).append(sweep.job(trial, task, leader))
+                continue
+            jobs.append(sweep.job(trial, task))
+    except BaseException as exc:
+        sweep.interrupted([job.trial for job in jobs], f"sweep stopped: {type(exc).__name__}")
+        raise
+    return jobs
 
 
 def _batches(sweep: StudySweep, launcher: Launcher) -> None:

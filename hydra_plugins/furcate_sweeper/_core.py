@@ -3,7 +3,8 @@
 params + command line ──► grid ──► exclusion rules on composed configs ──► SweepQueue
                            (job dirs outside the sweep dir, rules of the wrong type: refused;
                             rules matching no config: a warning)
-furcate launcher: submit one job per free slot ──► wait_any ──► next job at once
+furcate launcher: submit one job per free slot, then one more per slot ahead (forked and set up
+                  while the slots are busy) ──► wait_any ──► the next job is already there
 any other launcher: launch() a batch, wait for all of it, next batch
 between waits: primary config file edited? ──► new grid ──► queue gains / drops configs
 """
@@ -204,18 +205,21 @@ def run_grid_sweep(
 
 
 def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
-    """Keep every slot busy: a slot's next job is submitted as soon as its job ends."""
+    """Keep every slot busy: each slot has its next job submitted (ahead) while its job runs,
+    so the launcher starts it the moment the slot frees."""
     if not len(sweep.queue):
         return  # nothing to run: no pool to start
     in_flight: dict[str, int] = {}
     lookahead = 0  # grows while reruns find whole batches recorded (skipped)
     interval = sweep.options.watch_interval_s if sweep.live is not None else None
     with launcher.streaming():
-        slots = launcher.slot_count
+        slots, ahead = launcher.slot_count, launcher.jobs_ahead
         while len(sweep.queue) or in_flight:
             # a job whose config another launcher runs waits without a slot: launchers
-            # sweeping one grid share it instead of waiting for each other
-            free = slots - sum(1 for key in in_flight if not launcher.job_run(key).elsewhere)
+            # sweeping one grid share it instead of waiting for each other; the first jobs
+            # fill the slots, the next ones wait ahead of them
+            ours = sum(1 for key in in_flight if not launcher.job_run(key).elsewhere)
+            free = (slots + ahead if ours else slots) - ours
             done: list[tuple[str, JobReturn]] = []
             if free > 0 and len(sweep.queue) and not sweep.on_hold:
                 jobs = sweep.numbered(sweep.queue.take(max(free, lookahead)))

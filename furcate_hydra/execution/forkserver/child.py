@@ -2,25 +2,36 @@
 
 The order matters: the new session comes first (so stopping the job stops its DataLoader workers
 too), then the slot's environment (so ``CUDA_VISIBLE_DEVICES`` is in place before anything can
-initialise CUDA), then pinning, and only then the job itself.
+initialise CUDA), then pinning, and only then the job itself. A job forked ahead of its slot
+does its set-up (Hydra's, which touches no GPU) first and then waits at the gate, just before
+the job's own code, until the server writes it its slot: then only the slot's environment and
+pinning are left between a slot freeing and the next job running.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import pickle
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 import cloudpickle
 
 from furcate_hydra.atomic import atomic_write_bytes
-from furcate_hydra.execution.forkserver.protocol import ChildReport, Start, WarmContext
+from furcate_hydra.execution.forkserver.names import JOB_NAME, name_process
+from furcate_hydra.execution.forkserver.protocol import (
+    ChildReport,
+    Placement,
+    Start,
+    WarmContext,
+)
 from furcate_hydra.preemption import PREEMPTED_EXIT_CODE, JobPreempted
 
 __all__ = ["CHILD_SETUP_FAILED", "run_child"]
@@ -30,35 +41,76 @@ CHILD_SETUP_FAILED = 70
 
 
 def run_child(
-    start: Start, context: WarmContext, out_fd: int, err_fd: int, inherited_fds: Iterable[int]
+    start: Start,
+    context: WarmContext,
+    out_fd: int,
+    err_fd: int,
+    inherited_fds: Iterable[int],
+    gate_fd: int | None,
+    done_fd: int,
 ) -> NoReturn:
-    """Become the job's process, run it, leave a report in ``start.result_path`` and exit."""
+    """Become the job's process, run it, leave a report in ``start.result_path`` and exit.
+
+    ``gate_fd``: for a job forked ahead (no placement yet), where its placement will come from.
+    ``done_fd``: written just before the exit, once the report and the output are out: the
+    server hands the slot on then, not after the kernel has torn the process down.
+    """
     code = CHILD_SETUP_FAILED
     try:
         os.setsid()
+        name_process(JOB_NAME)
         _close_quietly(inherited_fds)
         _redirect_stdio(out_fd, err_fd)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.update(start.env)
-        os.environ["FURCATE_JOB_STARTED_AT"] = repr(time.time())
-        if start.cpus:
-            os.sched_setaffinity(0, start.cpus)
-        _apply_thread_count(start.threads)
-        _forget_cached_device_counts()
-        report = _run_job(context, start.payload)
-        atomic_write_bytes(start.result_path, _pickle_report(report))
+        gate: Callable[[], None] = _no_gate
+        if start.placement is not None:
+            _take_place(start.placement)
+        elif gate_fd is not None:
+            gate = functools.partial(_wait_for_place, gate_fd)
+        report = _run_job(context, start.payload, gate)
+        # the launcher reads it at once and deletes it: no fsync on the way out
+        atomic_write_bytes(start.result_path, _pickle_report(report), durable=False)
         code = report.exit_code or 0
     except BaseException:
         traceback.print_exc()
     finally:
         _flush_everything()
+    with contextlib.suppress(OSError):
+        os.write(done_fd, b"d")
     os._exit(code)
 
 
-def _run_job(context: WarmContext, payload: bytes) -> ChildReport:
+def _no_gate() -> None:
+    pass
+
+
+def _wait_for_place(gate_fd: int) -> None:
+    """Block until the server writes this job its placement; without one (the server went
+    away, or the job was cancelled before its start) exit at once: it never ran."""
+    chunks = []
+    while chunk := os.read(gate_fd, 65536):
+        chunks.append(chunk)
+    os.close(gate_fd)
+    if not chunks:
+        os._exit(CHILD_SETUP_FAILED)
+    _take_place(pickle.loads(b"".join(chunks)))
+
+
+def _take_place(placement: Placement) -> None:
+    """The slot's environment, before the job's code can initialise CUDA; pinning; threads."""
+    os.environ.update(placement.env)
+    os.environ["FURCATE_JOB_STARTED_AT"] = repr(time.time())
+    if placement.cpus:
+        os.sched_setaffinity(0, placement.cpus)
+    _apply_thread_count(placement.threads)
+    _forget_cached_device_counts()
+
+
+def _run_job(context: WarmContext, payload: bytes, gate: Callable[[], None]) -> ChildReport:
     try:
-        return ChildReport(value=context.run(payload))
+        return ChildReport(value=context.run(payload, gate))
     except JobPreempted as exc:
         return ChildReport(preempted=str(exc), exit_code=PREEMPTED_EXIT_CODE)
     except SystemExit as exc:

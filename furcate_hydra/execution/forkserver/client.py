@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -10,24 +11,33 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import IO
 
 from furcate_hydra.errors import ForkServerError
 from furcate_hydra.execution import interrupts
+from furcate_hydra.execution.forkserver.fork import (
+    ServerProcess,
+    can_fork,
+    fork_server,
+    spawn_server,
+)
 from furcate_hydra.execution.forkserver.protocol import (
     Init,
     InitFailed,
     Kill,
+    Placement,
     Ready,
+    Release,
     SetContext,
     Shutdown,
     Start,
     Stopped,
+    WarmContext,
 )
 
-__all__ = ["ConsoleOutput", "ForkServerClient"]
+__all__ = ["HEAVY_MODULES", "ConsoleOutput", "ForkServerClient", "start_server"]
 
 # Where the server's console output goes instead of the launcher's stdout/stderr: whole lines,
 # and whether they came from stderr.
@@ -35,11 +45,43 @@ ConsoleOutput = Callable[[bytes, bool], None]
 
 # Longest a wait goes without looking for a Ctrl-C that Python lost (see interrupts.py).
 _CHECK_EVERY_S = 0.5
+# Modules a new interpreter imports when ``preload`` is unset and the launcher has them loaded:
+# what a task module that imports them needs warm (a fork has everything already).
+HEAVY_MODULES = ("torch", "pytorch_lightning", "lightning", "mlflow")
+
+log = logging.getLogger(__name__)
+
+
+def start_server(
+    preload: Sequence[str] | None,
+    context: bytes,
+    warm: WarmContext | None,
+    output: ConsoleOutput | None,
+) -> ForkServerClient:
+    """The fork server: a fork of this process where it can be one (``warm`` given, no other
+    thread), importing only the ``preload`` it lacks; else a new interpreter importing
+    ``preload`` (unset: the heavy modules this process has) and the task's module."""
+    modules = list(preload or ())
+    if warm is not None and can_fork():
+        missing = [name for name in modules if name not in sys.modules]
+        also = f"; importing {', '.join(missing)}" if missing else ""
+        log.info("furcate: starting the fork server (a fork of this process%s) …", also)
+        return ForkServerClient(modules, context, warm=warm, output=output)
+    if preload is None:
+        modules = [name for name in HEAVY_MODULES if name in sys.modules]
+    log.info(
+        "furcate: starting the fork server (a new interpreter, importing %s once, for every "
+        "job to start from) …",
+        ", ".join([*modules, "the task's module"]),
+    )
+    return ForkServerClient(modules, context, output=output)
 
 
 class ForkServerClient:
     """Starts the server, sends it requests and receives its events.
 
+    The constructor returns as soon as the server's process exists (a fork takes milliseconds);
+    the server loads what it still needs meanwhile, and ``wait_ready`` waits for that.
     Not thread-safe: one owner (the slot pool) drives it from one thread.
     """
 
@@ -48,30 +90,24 @@ class ForkServerClient:
         preload: list[str],
         context: bytes,
         *,
+        warm: WarmContext | None = None,
         start_timeout_s: float = 600.0,
         output: ConsoleOutput | None = None,
     ):
-        """``output``: None, the server (and the job output it echoes) writes to the launcher's
+        """``warm``: the context ``context`` pickles, in this process: given, and with no
+        other thread running here, the server is a fork of this process.
+        ``output``: None, the server (and the job output it echoes) writes to the launcher's
         stdout and stderr; else every line goes to ``output``, e.g. a live view printing
         above itself."""
         parent_sock, child_sock = socket.socketpair()
-        piped = subprocess.PIPE if output is not None else None
+        piped = output is not None
+        self.forked = warm is not None and can_fork()
         with child_sock:
-            # Its own session: a Ctrl-C at the terminal reaches the launcher, which then stops
-            # the jobs in order, instead of reaching every process at once.
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "furcate_hydra.execution.forkserver.server",
-                    str(child_sock.fileno()),
-                ],
-                pass_fds=[child_sock.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=piped,
-                stderr=piped,
-                start_new_session=True,
-            )
+            self.process: ServerProcess
+            if warm is not None and self.forked:
+                self.process = fork_server(child_sock, parent_sock, preload, warm, piped)
+            else:
+                self.process = spawn_server(child_sock, piped)
         if output is not None:
             assert self.process.stdout is not None and self.process.stderr is not None
             for stream, is_stderr in ((self.process.stdout, False), (self.process.stderr, True)):
@@ -82,10 +118,27 @@ class ForkServerClient:
                     daemon=True,
                 ).start()
         self._conn = Connection(parent_sock.detach())
-        began = time.perf_counter()
+        self._began = time.perf_counter()
+        self._timeout_s = start_timeout_s
+        self.ready: Ready | None = None
+        self.start_s = 0.0
+        if not self.forked:
+            try:
+                self._conn.send(Init(list(sys.path), os.getcwd(), preload, context))
+            except BaseException:
+                self.terminate(wait_s=0.0)
+                raise
+
+    def wait_ready(self) -> Ready:
+        """Block until the server has loaded everything; idempotent.
+
+        Raises:
+            ForkServerError: it could not load the task, or did not within the time limit.
+        """
+        if self.ready is not None:
+            return self.ready
         try:
-            self._conn.send(Init(list(sys.path), os.getcwd(), preload, context))
-            reply = self._wait_ready(start_timeout_s)
+            reply = self._wait_ready(self._timeout_s)
         except BaseException:  # Ctrl-C during the warm-up: no server is left behind
             # It has no job yet, and may be busy importing for seconds before it would see its
             # socket close: stop it at once.
@@ -96,14 +149,15 @@ class ForkServerClient:
             raise ForkServerError(f"The fork server could not load the task:\n{reply.error}")
         if not isinstance(reply, Ready):
             self.terminate()
-            raise ForkServerError(f"The fork server did not start within {start_timeout_s:.0f} s.")
+            raise ForkServerError(f"The fork server did not start within {self._timeout_s:.0f} s.")
         self.ready = reply
-        self.start_s = time.perf_counter() - began
+        self.start_s = time.perf_counter() - self._began
+        return reply
 
     def _wait_ready(self, timeout_s: float) -> object | None:
         # In slices, so that a Ctrl-C Python lost while this process imported is seen.
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
+        deadline = self._began + timeout_s
+        while (left := deadline - time.perf_counter()) > 0:
             interrupts.check()
             reply = self.receive(timeout=min(left, _CHECK_EVERY_S))
             if reply is not None:
@@ -118,6 +172,9 @@ class ForkServerClient:
 
     def start(self, start: Start) -> None:
         self._conn.send(start)
+
+    def release(self, placement: Placement) -> None:
+        self._conn.send(Release(placement))
 
     def kill(self, key: str, signum: int) -> None:
         self._conn.send(Kill(key, signum))

@@ -7,6 +7,7 @@ does, so one bad payload can only fail its own job.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,13 +17,16 @@ __all__ = [
     "Init",
     "InitFailed",
     "Kill",
+    "Placement",
     "Ready",
+    "Release",
     "SetContext",
     "Shutdown",
     "Start",
     "StartFailed",
     "Started",
     "Stopped",
+    "Unused",
     "WarmContext",
 ]
 
@@ -32,12 +36,24 @@ class WarmContext(Protocol):
 
     ``prepare`` runs once in the server (before any fork), so everything it imports or builds is
     inherited by every job for free. It must never initialise CUDA. ``run`` runs in the forked
-    child and returns the job's value, which must be picklable.
+    child and returns the job's value, which must be picklable; it calls ``gate`` right before
+    the job's own code (which, for a job forked ahead of its slot, waits for the slot and puts
+    the slot's environment in place).
     """
 
     def prepare(self) -> None: ...
 
-    def run(self, payload: bytes) -> Any: ...
+    def run(self, payload: bytes, gate: Callable[[], None]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs: its slot's index, variables, pinned cores and thread count."""
+
+    slot: int
+    env: dict[str, str]
+    cpus: tuple[int, ...] | None
+    threads: int | None
 
 
 # launcher -> server
@@ -58,15 +74,24 @@ class SetContext:
 
 @dataclass(frozen=True)
 class Start:
+    """Fork a job. Without a placement the job is forked ahead: it does its set-up, then waits
+    until a running job exits (and takes that job's slot) or a ``Release`` places it."""
+
     key: str
     payload: bytes
-    env: dict[str, str]
-    cpus: tuple[int, ...] | None
-    threads: int | None
+    env: dict[str, str]  # the job's own variables; its slot's come with the placement
+    placement: Placement | None
     stdout_path: str
     stderr_path: str
     result_path: str
     echo: bool
+
+
+@dataclass(frozen=True)
+class Release:
+    """Place the oldest job forked ahead on this free slot (``Unused`` if none is left)."""
+
+    placement: Placement
 
 
 @dataclass(frozen=True)
@@ -97,9 +122,21 @@ class InitFailed:
 
 @dataclass(frozen=True)
 class Started:
+    """The job's process runs it on ``slot`` since ``started_at``; ``after``: the job whose
+    exit freed that slot, when it was forked ahead."""
+
     key: str
     pid: int
-    forked_at: float
+    started_at: float
+    slot: int
+    after: str | None = None
+
+
+@dataclass(frozen=True)
+class Unused:
+    """A ``Release`` found no job forked ahead: the slot is still free."""
+
+    slot: int
 
 
 @dataclass(frozen=True)

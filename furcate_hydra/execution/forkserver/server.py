@@ -1,10 +1,21 @@
-"""The warm fork server: one process that imports the heavy modules once and forks every job.
+"""The warm fork server: one process that holds the heavy modules once and forks every job.
 
-    launcher ──Init/SetContext/Start/Kill/Shutdown──► server (single thread, one selector)
-                                                         │ fork()
-    launcher ◄──Ready/Started/Exited/Stopped──────────── │──► job (own session, slot env, pinned)
-                                                         ◄── job stdout/stderr pipes, teed to
-                                                             the job's log files and the console
+    launcher ──Init/SetContext/Start/Release/Kill/Shutdown──► server (one thread, one selector)
+                                                                 │ fork()
+    launcher ◄──Ready/Started/Unused/Exited/Stopped───────────── │──► job (own session, slot
+                                                                 │    env, pinned)
+                                                                 ◄── job stdout/stderr pipes,
+                                                                     teed to its log files and
+                                                                     the console
+
+Usually a fork of the launcher itself, made before the launcher opens its store, so it starts
+with the task's modules already loaded (``serve_forked``); else a fresh interpreter that imports
+them (``main``). A job started without a slot is forked ahead: it waits at its gate until a
+running job ends, and the server at once writes it that job's slot, before it even tells the
+launcher: a slot goes from one job to the next without a round trip. A job ends when it says
+so on its ``done`` pipe, with its result written and its output flushed, just before it exits
+(the kernel's teardown of a process that has torch loaded takes tens of milliseconds more), or
+when it exits without saying so (a crash).
 
 The server never initialises CUDA and never runs job code itself. When the launcher goes away
 (its socket closes) or the server gets SIGTERM, it stops every job's process group and exits, so
@@ -13,11 +24,13 @@ no job outlives the sweep that started it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import importlib
 import importlib.util
 import os
+import pickle
 import selectors
 import signal
 import sys
@@ -36,18 +49,21 @@ from furcate_hydra.execution.forkserver.protocol import (
     Init,
     InitFailed,
     Kill,
+    Placement,
     Ready,
+    Release,
     SetContext,
     Shutdown,
     Start,
     Started,
     StartFailed,
     Stopped,
+    Unused,
     WarmContext,
 )
 from furcate_hydra.execution.forkserver.tee import OutputTee
 
-__all__ = ["main"]
+__all__ = ["main", "serve_forked"]
 
 # How long a finished job's output pipes may stay open (held by an escaped grandchild) before
 # the server gives up on them and reports the exit anyway.
@@ -62,6 +78,9 @@ class _Job:
     pid: int
     pidfd: int
     tees: list[OutputTee]
+    placement: Placement | None  # None while forked ahead, waiting for a slot
+    gate_fd: int | None = None  # the write end of its gate, while it waits
+    done_fd: int | None = None  # the read end of its done pipe, until it ends
     wait_status: int | None = None
     ended_at: float = 0.0
     drain_deadline: float = 0.0
@@ -75,12 +94,14 @@ class ForkServer:
         self.selector = selectors.EpollSelector()  # Linux only, like pidfd and affinity
         self.context: WarmContext | None = None
         self.jobs: dict[str, _Job] = {}
+        self.ahead: collections.deque[_Job] = collections.deque()  # forked ahead, oldest first
         self.launcher_gone = False
         self.stop_deadline: float | None = None
 
     # -- set-up --------------------------------------------------------------------------
 
     def initialise(self, init: Init) -> None:
+        """A fresh interpreter: the launcher's path and directory, the preloads, the task."""
         sys.path[:] = init.sys_path
         os.chdir(init.cwd)
         began = time.perf_counter()
@@ -89,14 +110,28 @@ class ForkServer:
         _refuse_initialised_cuda()
         self.conn.send(Ready(os.getpid(), time.perf_counter() - began, preloaded))
 
+    def initialise_forked(self, preload: list[str], context: WarmContext) -> None:
+        """A fork of the launcher: only the preloads it has not imported, and its context."""
+        began = time.perf_counter()
+        missing = [name for name in preload if name not in sys.modules]
+        preloaded = [name for name in missing if _import_if_installed(name)]
+        # no collection first: over torch's objects it takes ~0.3 s here, on the way to the
+        # first job, to free a little garbage the launcher left
+        self._use_context(context, collect=False)
+        _refuse_initialised_cuda()
+        self.conn.send(Ready(os.getpid(), time.perf_counter() - began, preloaded))
+
     def _set_context(self, blob: bytes) -> None:
-        context: WarmContext = cloudpickle.loads(blob)
+        self._use_context(cloudpickle.loads(blob), collect=True)
+
+    def _use_context(self, context: WarmContext, collect: bool) -> None:
         context.prepare()
         self.context = context
         # torch and Lightning leave ~400k objects behind. Frozen, they are never scanned again:
         # a job's first full collection no longer walks them (200+ ms), and no collection
         # touches their pages, so they stay shared with the server instead of being copied.
-        gc.collect()
+        if collect:
+            gc.collect()
         gc.freeze()
 
     # -- main loop -----------------------------------------------------------------------
@@ -123,11 +158,17 @@ class ForkServer:
             return
         if isinstance(message, Start):
             self._start(message)
+        elif isinstance(message, Release):
+            if self.ahead and self.stop_deadline is None:
+                self._place(self.ahead.popleft(), message.placement, after=None)
+            else:
+                self._send(Unused(message.placement.slot))
         elif isinstance(message, SetContext):
             self._set_context(message.context)
         elif isinstance(message, Kill):
             job = self.jobs.get(message.key)
             if job is not None and job.wait_status is None:
+                self._drop_ahead(job)
                 _killpg(job.pid, message.signum)
         elif isinstance(message, Shutdown):
             self.request_stop(message.grace_s)
@@ -138,6 +179,7 @@ class ForkServer:
             self.stop_deadline = time.monotonic() + grace_s
         for job in self.jobs.values():
             if job.wait_status is None:
+                self._drop_ahead(job)
                 _killpg(job.pid, signal.SIGTERM)
 
     def _next_timeout(self) -> float | None:
@@ -179,19 +221,62 @@ class ForkServer:
             return
         sys.stdout.flush()
         sys.stderr.flush()
+        gate_read, gate_write = os.pipe() if start.placement is None else (None, None)
+        done_read, done_write = os.pipe()
         inherited = self._owned_fds() + [fd for tee in tees for fd in tee.server_fds()]
+        inherited += [fd for fd in (gate_write, done_read) if fd is not None]
         pid = os.fork()
         if pid == 0:
-            run_child(start, self.context, tees[0].write_fd, tees[1].write_fd, inherited)
-        forked_at = time.time()
+            out, err = tees[0].write_fd, tees[1].write_fd
+            run_child(start, self.context, out, err, inherited, gate_read, done_write)
+        started_at = time.time()
+        os.close(done_write)
         pidfd = os.pidfd_open(pid)
-        job = _Job(start, pid, pidfd, tees)
+        job = _Job(start, pid, pidfd, tees, start.placement, gate_write, done_read)
         self.jobs[start.key] = job
         for tee in tees:
             tee.close_write_end()
             self.selector.register(tee.read_fd, selectors.EVENT_READ, self._reader(job, tee))
+        self.selector.register(done_read, selectors.EVENT_READ, lambda: self._on_done(job))
         self.selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_exit(job))
-        self._send(Started(start.key, pid, forked_at))
+        if gate_read is not None:
+            os.close(gate_read)
+            self.ahead.append(job)
+        else:
+            assert start.placement is not None
+            self._send(Started(start.key, pid, started_at, start.placement.slot))
+
+    def _place(self, job: _Job, placement: Placement, after: str | None) -> None:
+        """Open the gate of a job forked ahead: it runs on ``placement`` from now."""
+        assert job.gate_fd is not None
+        job.placement = placement
+        data = pickle.dumps(placement)
+        try:
+            while data:
+                data = data[os.write(job.gate_fd, data) :]
+        except OSError:
+            pass  # it died waiting: its exit is reported as any job's
+        os.close(job.gate_fd)
+        job.gate_fd = None
+        self._send(Started(job.start.key, job.pid, time.time(), placement.slot, after))
+
+    def _on_done(self, job: _Job) -> None:
+        """The job has ended (done, or exited): its slot goes to the oldest job forked ahead."""
+        if job.done_fd is None:
+            return
+        self.selector.unregister(job.done_fd)
+        os.close(job.done_fd)
+        job.done_fd = None
+        if job.placement is not None and self.ahead and self.stop_deadline is None:
+            self._place(self.ahead.popleft(), job.placement, after=job.start.key)
+
+    def _drop_ahead(self, job: _Job) -> None:
+        """A job forked ahead that must not run: close its gate, so that it exits unstarted."""
+        if job in self.ahead:
+            self.ahead.remove(job)
+        if job.gate_fd is not None:
+            os.close(job.gate_fd)
+            job.gate_fd = None
 
     def _reader(self, job: _Job, tee: OutputTee) -> Callable[[], None]:
         def read() -> None:
@@ -213,6 +298,8 @@ class ForkServer:
         _, status = os.waitpid(job.pid, 0)
         self.selector.unregister(job.pidfd)
         os.close(job.pidfd)
+        self._drop_ahead(job)  # one that died waiting never had a slot
+        self._on_done(job)  # one that crashed did not say it was done
         job.wait_status = status
         job.ended_at = time.time()
         job.drain_deadline = time.monotonic() + _PIPE_DRAIN_S
@@ -228,6 +315,7 @@ class ForkServer:
         fds = [self.conn.fileno(), self.selector.fileno()]
         for job in self.jobs.values():
             fds.append(job.pidfd)
+            fds.extend(fd for fd in (job.gate_fd, job.done_fd) if fd is not None)
             for tee in job.tees:
                 fds.extend(tee.server_fds())
         return fds
@@ -253,9 +341,9 @@ def _refuse_initialised_cuda() -> None:
     torch: Any = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise RuntimeError(
-            "CUDA was initialised while loading the task into the fork server; forked jobs "
-            "could not use their GPU. Fix: do not touch CUDA (e.g. torch.cuda.* or .cuda()) "
-            "at import time of the task's module."
+            "CUDA is initialised in the fork server (by the task's module or a preloaded one, "
+            "as they were imported); forked jobs could not use their GPU. Fix: do not touch "
+            "CUDA (e.g. torch.cuda.* or .cuda()) at import time of the task's module."
         )
 
 
@@ -265,19 +353,32 @@ def _killpg(pgid: int, signum: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``python -m furcate_hydra.execution.forkserver.server <socket fd>``."""
-    conn = Connection(int(argv[1]))
+    """Entry point of a new interpreter (``fork.spawn_server``): ``main([_, <socket fd>])``."""
     # The launcher owns the terminal's Ctrl-C, and a scheduler's SIGUSR1, and decides when
     # jobs stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    server = ForkServer(conn)
-    signal.signal(signal.SIGTERM, lambda *_: server.request_stop(_ORPHAN_GRACE_S))
-    try:
-        message = conn.recv()
+
+    def initialise(server: ForkServer) -> None:
+        message = server.conn.recv()
         if not isinstance(message, Init):
             raise RuntimeError(f"expected Init as the first message, got {type(message).__name__}")
         server.initialise(message)
+
+    return _serve(Connection(int(argv[1])), initialise)
+
+
+def serve_forked(conn_fd: int, preload: list[str], context: WarmContext) -> int:
+    """Entry point in a fork of the launcher (``fork.fork_server``), which has set up the
+    process (session, signals, stdio) already; returns the exit status."""
+    return _serve(Connection(conn_fd), lambda server: server.initialise_forked(preload, context))
+
+
+def _serve(conn: Connection, initialise: Callable[[ForkServer], None]) -> int:
+    server = ForkServer(conn)
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop(_ORPHAN_GRACE_S))
+    try:
+        initialise(server)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return 0  # the launcher went away during the warm-up (a Ctrl-C): nothing to report
     except BaseException:
