@@ -197,7 +197,12 @@ class LaunchSession:
         if self.recorder.needs_store(decisions) or any(
             d.action not in (Action.SKIP, Action.REPORT_FAILURE) for d in decisions
         ):
-            self.warm_up()
+            if not self._warm:
+                self.warm_up()
+                # Loading MLflow took seconds since the lookup: another launcher may have
+                # claimed, or even finished, some of these configs meanwhile, and a claim only
+                # sees RUNNING rivals. Decide again, now, before claiming.
+                decisions = self.recorder.prepare(jobs) or decisions
             self.start_view()
         decisions = self.recorder.claim(jobs, decisions)
         for job, decision in zip(jobs, decisions, strict=True):
