@@ -251,6 +251,40 @@ def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     assert "PRUNED" in states and "COMPLETE" in states, states
 
 
+def test_optuna_jobs_on_a_cluster_are_pruned_through_the_sweepers_proxy(
+    tmp_path: Path, cluster: Cluster, server: Server
+) -> None:
+    """examples/optuna_pruning on the two-node cluster, with its default sqlite study: the
+    sweeper serves it through Optuna's gRPC proxy on the address toward the head (loopback
+    here), each Lightning job reports to its trial through it, and it stops with the sweep."""
+    import optuna
+
+    example = REPO / "examples" / "optuna_pruning" / "optuna_pruning.py"
+    with loopback_only(cluster, example):
+        done = run_cli(
+            example,
+            *sweep_command(tmp_path, cluster),
+            *("hydra.launcher.gpus=null", "hydra.launcher.max_workers=2"),
+            cwd=tmp_path,
+            env={**os.environ, **RAY_ENV, "MLFLOW_TRACKING_URI": server.url},
+        )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    served = re.search(r"the study is served to the Ray nodes at (grpc://127\.0\.0\.1:\d+)", out)
+    assert served, out[-4000:]
+    assert f"stopped serving the study at {served.group(1)}" in out
+    study = optuna.load_study(
+        study_name="optuna_pruning", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
+    )
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state.name for t in trials]
+    assert set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert "PRUNED" in states and "COMPLETE" in states, states
+    # every epoch a job ran reached its trial through the proxy
+    assert all(t.intermediate_values for t in trials)
+    assert run_statuses(server, tmp_path.name).count("FINISHED") == len(trials)
+
+
 def test_a_lost_node_fails_its_job_naming_the_node_and_the_sweep_ends(
     tmp_path: Path, server: Server
 ) -> None:
