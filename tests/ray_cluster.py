@@ -105,6 +105,9 @@ def ray_cluster(
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     env.pop("MLFLOW_TRACKING_URI", None)
+    # a driver's switch (RAY_ENV) in this process, a benchmark's say: `ray start --address`
+    # refuses it, and the nodes keep loopback through tests/ray_loopback.py instead
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
     env.update(_NODE_ENV)
     node = ["--node-ip-address=127.0.0.1", "--num-cpus=2"]
     cluster = Cluster(f"127.0.0.1:{port}", temp_dir)

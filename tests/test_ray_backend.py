@@ -3,6 +3,7 @@ cluster on loopback (declared GPUs, no hardware), recording into a real ``mlflow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import APPS, REPO, run_cli
@@ -222,6 +224,50 @@ def test_ctrl_c_stops_every_remote_job(tmp_path: Path, cluster: Cluster, server:
     assert run_statuses(server, tmp_path.name) == ["KILLED"] * 3
 
 
+def test_a_remote_job_is_recorded_with_its_pid_and_node_as_it_starts(
+    tmp_path: Path, cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The slot actor tells the pool the job's pid as soon as it is forked: run_data.json has
+    it while the job runs, so ``furcate status`` with MLflow off sees a live job, not an
+    interrupted one."""
+    from furcate_hydra.cli.main import main
+
+    command = [
+        *(sys.executable, str(APP), *sweep_command(tmp_path, cluster)),
+        *("hydra.launcher.mlflow.enabled=false", "hydra.launcher.max_workers=1", "sleep=600"),
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env={**os.environ, **RAY_ENV},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    run_data = tmp_path / "sweep" / "0" / "run_data.json"
+    with killed_if_left(process):
+        deadline = time.monotonic() + 120
+        data: dict[str, object] = {}
+        while not data.get("pid") and time.monotonic() < deadline:
+            time.sleep(0.3)
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(run_data.read_text())
+        assert data.get("pid"), f"no pid in run_data.json while the job runs: {data}"
+        assert (data["status"], data["node"]) == ("RUNNING", "127.0.0.1")
+        # the job's own process, forked on its node by the slot's fork server
+        job = psutil.Process(int(str(data["pid"])))
+        assert "forkserver.server" in " ".join(job.cmdline())
+        assert job.pid in {p.pid for p in cluster.processes()}
+        capsys.readouterr()
+        assert main(["status", str(tmp_path / "sweep"), "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["jobs"][0]["status"] == "RUNNING", shown
+        os.killpg(process.pid, signal.SIGINT)
+        process.communicate(timeout=120)
+    assert json.loads(run_data.read_text())["pid"] == data["pid"]
+
+
 def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     tmp_path: Path, mlflow_store: str
 ) -> None:
@@ -249,6 +295,40 @@ def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     states = [t.state.name for t in study.get_trials(deepcopy=False)]
     assert set(states) <= {"COMPLETE", "PRUNED"}, states
     assert "PRUNED" in states and "COMPLETE" in states, states
+
+
+def test_optuna_jobs_on_a_cluster_are_pruned_through_the_sweepers_proxy(
+    tmp_path: Path, cluster: Cluster, server: Server
+) -> None:
+    """examples/optuna_pruning on the two-node cluster, with its default sqlite study: the
+    sweeper serves it through Optuna's gRPC proxy on the address toward the head (loopback
+    here), each Lightning job reports to its trial through it, and it stops with the sweep."""
+    import optuna
+
+    example = REPO / "examples" / "optuna_pruning" / "optuna_pruning.py"
+    with loopback_only(cluster, example):
+        done = run_cli(
+            example,
+            *sweep_command(tmp_path, cluster),
+            *("hydra.launcher.gpus=null", "hydra.launcher.max_workers=2"),
+            cwd=tmp_path,
+            env={**os.environ, **RAY_ENV, "MLFLOW_TRACKING_URI": server.url},
+        )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    served = re.search(r"the study is served to the Ray nodes at (grpc://127\.0\.0\.1:\d+)", out)
+    assert served, out[-4000:]
+    assert f"stopped serving the study at {served.group(1)}" in out
+    study = optuna.load_study(
+        study_name="optuna_pruning", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
+    )
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state.name for t in trials]
+    assert set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert "PRUNED" in states and "COMPLETE" in states, states
+    # every epoch a job ran reached its trial through the proxy
+    assert all(t.intermediate_values for t in trials)
+    assert run_statuses(server, tmp_path.name).count("FINISHED") == len(trials)
 
 
 def test_a_lost_node_fails_its_job_naming_the_node_and_the_sweep_ends(

@@ -95,19 +95,50 @@ def test_a_sqlite_store_on_a_cluster_stops_the_cli_before_any_job(
     assert not list((tmp_path / "sweep").glob("*/probe.json"))
 
 
-def test_a_sqlite_optuna_storage_is_refused_on_a_cluster(tmp_path: Path) -> None:
-    from furcate_hydra.hydra_layer.backends import check_sweeper_storage
+def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
+    tmp_path: Path,
+) -> None:
+    from furcate_hydra.hydra_layer.backends import sweeper_storage_proxy
+    from furcate_hydra.hydra_layer.options import OptionError
+
+    key = "hydra.sweeper.storage"
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    launcher = {"backend": "ray", "ray": {"address": "127.0.0.1:6379"}}
+    # served through the proxy, at this machine's address toward the head, any free port
+    assert sweeper_storage_proxy(launcher, key, storage, None) == ("127.0.0.1", 0)
+    assert sweeper_storage_proxy(launcher, key, storage, ("127.0.0.2", 13000)) == (
+        "127.0.0.2",
+        13000,
+    )
+    # the local backend, a Ray instance of this machine, or an RDB server: opened as it is
+    assert sweeper_storage_proxy({"backend": "local"}, key, storage, None) is None
+    assert sweeper_storage_proxy({"backend": "ray", "ray": {}}, key, storage, None) is None
+    server = "postgresql+psycopg2://user:pw@db.example/optuna"
+    assert sweeper_storage_proxy(launcher, key, server, None) is None
+    # a file the proxy cannot serve
+    with pytest.raises(OptionError) as raised:
+        sweeper_storage_proxy(launcher, key, "file:///shared/optuna.log", None)
+    message = str(raised.value)
+    assert f"Invalid {key}='file:///shared/optuna.log'" in message
+    assert "cannot reach" in message and "sqlite:///optuna.db" in message and "Fix:" in message
+
+
+def test_a_served_study_without_a_head_to_route_to_asks_for_the_proxy_address(
+    tmp_path: Path,
+) -> None:
+    from furcate_hydra.hydra_layer.backends import sweeper_storage_proxy
     from furcate_hydra.hydra_layer.options import OptionError
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    launcher = {"backend": "ray", "ray": {"address": "10.0.0.1:6379"}}
+    launcher = {"backend": "ray", "ray": {"address": "auto"}}
     with pytest.raises(OptionError) as raised:
-        check_sweeper_storage(launcher, "hydra.sweeper.storage", storage)
+        sweeper_storage_proxy(launcher, "hydra.sweeper.storage", storage, None)
     message = str(raised.value)
-    assert f"Invalid hydra.sweeper.storage='{storage}'" in message
-    assert "postgresql://" in message and "Fix:" in message
-    # the local backend, a Ray instance of this machine, or an RDB server: accepted
-    check_sweeper_storage({"backend": "local"}, "hydra.sweeper.storage", storage)
-    check_sweeper_storage({"backend": "ray", "ray": {}}, "hydra.sweeper.storage", storage)
-    server = "postgresql://user:pw@db.example/optuna"
-    check_sweeper_storage(launcher, "hydra.sweeper.storage", server)
+    assert "Invalid hydra.sweeper.storage_proxy=None" in message
+    assert "hydra.launcher.ray.address=auto names no head" in message
+    assert "Fix: set hydra.sweeper.storage_proxy=HOST:PORT" in message
+    # named, it is used as given
+    assert sweeper_storage_proxy(launcher, "k.storage", storage, ("10.0.0.5", 0)) == (
+        "10.0.0.5",
+        0,
+    )

@@ -112,6 +112,28 @@ def test_a_storage_that_is_not_a_url_is_named_with_its_fix() -> None:
     assert isinstance(raised.value, CompactHydraException)
 
 
+@pytest.mark.parametrize("value", ["10.0.0.5:http", "10.0.0.5:70000", ":13000", "a/b:1", 13000])
+def test_a_bad_storage_proxy_address_is_named_with_its_fix(value: object) -> None:
+    with pytest.raises(OptionError) as raised:
+        parse_optuna_sweeper_options({"pruner": {"name": "none"}, "storage_proxy": value})
+    message = str(raised.value)
+    assert f"Invalid hydra.sweeper.storage_proxy={value!r}" in message
+    assert "HOST:PORT" in message and "Fix: set e.g. hydra.sweeper.storage_proxy=" in message
+
+
+@pytest.mark.parametrize(
+    "value, parsed",
+    [
+        ("10.0.0.5:13000", ("10.0.0.5", 13000)),
+        ("10.0.0.5", ("10.0.0.5", 0)),
+        ("[::1]:9", ("::1", 9)),
+    ],
+)
+def test_a_storage_proxy_address_is_host_and_port(value: str, parsed: tuple[str, int]) -> None:
+    options = parse_optuna_sweeper_options({"pruner": {"name": "none"}, "storage_proxy": value})
+    assert options.storage_proxy == parsed
+
+
 @pytest.mark.parametrize(
     "options, key, fix",
     [

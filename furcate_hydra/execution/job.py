@@ -57,6 +57,8 @@ class JobRecord:
         state: Where the job is; ``finished`` once the executor handed it back.
         slot: The slot it ran on (last attempt).
         pid: Its process id (last attempt).
+        node: The machine its process runs on (last attempt), where that is not this one
+            (a Ray node's address); None on this machine.
         attempts: How many times a process was started for it.
         preemptions: How many of those processes were preempted (signalled from outside the
             executor; each saved where it was and the next attempt resumed from there).
@@ -83,6 +85,7 @@ class JobRecord:
     state: JobState = JobState.QUEUED
     slot: Slot | None = None
     pid: int | None = None
+    node: str | None = None
     attempts: int = 0
     preemptions: int = 0
     submitted_at: float = field(default_factory=time.time)

@@ -17,10 +17,16 @@ from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
-from furcate_hydra.ray_backend.options import Backend, RayOptions, check_store_reachable
+from furcate_hydra.ray_backend.options import (
+    Backend,
+    RayOptions,
+    address_toward,
+    check_store_reachable,
+    served_by_proxy,
+)
 from furcate_hydra.store import resolve_tracking_uri
 
-__all__ = ["check_sweeper_storage", "plan_for", "start_executor"]
+__all__ = ["plan_for", "start_executor", "sweeper_storage_proxy"]
 
 
 def plan_for(options: LauncherOptions) -> SlotPlan:
@@ -63,18 +69,27 @@ def start_executor(
     )
 
 
-def check_sweeper_storage(launcher: Mapping[str, Any] | None, key: str, uri: str) -> None:
-    """Refuse a sweeper's storage (e.g. Optuna's) that the launcher's Ray nodes cannot reach.
+def sweeper_storage_proxy(
+    launcher: Mapping[str, Any] | None, key: str, uri: str, proxy: tuple[str, int] | None
+) -> tuple[str, int] | None:
+    """Where the sweeper serves its storage to the launcher's Ray nodes, or None: jobs open
+    ``uri`` itself.
 
-    ``launcher``: ``hydra.launcher`` as configured; another launcher than furcate's, or the
-    local backend, accepts any storage.
+    ``launcher``: ``hydra.launcher`` as configured (another launcher than furcate's, or the
+    local backend, needs nothing served). ``proxy``: ``hydra.sweeper.storage_proxy`` as
+    (host, port), port 0 for any; unset, the address on the route to the cluster's head.
 
     Raises:
-        OptionError: backend=ray with a cluster address, and ``uri`` a local file.
+        OptionError: ``uri`` is a file the nodes cannot reach and cannot be served, or no
+            address for the proxy is known.
     """
     if not launcher or launcher.get("backend") != Backend.RAY.value:
-        return
+        return None
     try:
-        check_store_reachable(key, uri, RayOptions.parse(launcher.get("ray") or {}))
+        ray = RayOptions.parse(launcher.get("ray") or {})
+        check_store_reachable(key, uri, ray)
+        if not served_by_proxy(key, uri, ray):
+            return None
+        return proxy if proxy is not None else (address_toward(ray), 0)
     except FurcateConfigError as exc:
         raise as_option_error(exc) from None

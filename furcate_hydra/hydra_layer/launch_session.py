@@ -397,7 +397,8 @@ class LaunchSession:
         if event.kind is EventKind.STARTED:
             job = event.job
             self.recorder.started(job)
-            if self.tracer is not None and job.pid is not None:
+            # the tracer reads this machine's processes: a job on a Ray node has a pid there
+            if self.tracer is not None and job.pid is not None and job.node is None:
                 self.tracer.start(
                     job.key,
                     job.pid,

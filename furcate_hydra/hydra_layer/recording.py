@@ -526,6 +526,7 @@ def _details(job: JobRecord) -> dict[str, Any]:
         "submitted_at": job.submitted_at,
         "queued_s": job.queued_s,
         "pid": job.pid,
+        "node": job.node,
         "attempts": job.attempts,
         "preemptions": job.preemptions,
         "slot": None

@@ -32,8 +32,8 @@ from optuna.pruners import BasePruner
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.tuning.proxy import open_job_storage
 from furcate_hydra.tuning.pruners import pruner_from_spec
-from furcate_hydra.tuning.storage import rdb_storage
 
 __all__ = ["OptunaPruning"]
 
@@ -46,7 +46,8 @@ class OptunaPruning(pl.Callback):
     """Report ``monitor`` after each validation to a RUNNING trial; stop training when pruned.
 
     Args:
-        storage: Optuna RDB storage URL, e.g. ``sqlite:///optuna.db``.
+        storage: Optuna RDB storage URL, e.g. ``sqlite:///optuna.db``, or the sweeper's
+            gRPC proxy in front of it, ``grpc://HOST:PORT`` (jobs on other machines).
         study_name: The study the trial belongs to.
         trial_number: ``Trial.number`` of the RUNNING trial the sweeper asked for this job.
         monitor: Key in ``trainer.callback_metrics`` to report, e.g. ``val_loss``.
@@ -80,7 +81,7 @@ class OptunaPruning(pl.Callback):
         self.pruned_at_epoch: int | None = None
         self._trial: optuna.Trial | None = None
         self._trial_id = -1
-        self._storage: optuna.storages.RDBStorage | None = None
+        self._storage: optuna.storages.BaseStorage | None = None
         self._multi_objective = False
 
     @property
@@ -178,7 +179,7 @@ class OptunaPruning(pl.Callback):
     def _open(self) -> optuna.Trial | None:
         if self._trial is not None or self._multi_objective:
             return self._trial
-        storage = _retry_locked(lambda: rdb_storage(self.storage, create_tables=False))
+        storage = _retry_locked(lambda: open_job_storage(self.storage, env_vars.OPTUNA_STORAGE))
         study = _retry_locked(
             lambda: optuna.load_study(
                 study_name=self.study_name,

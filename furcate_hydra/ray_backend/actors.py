@@ -24,8 +24,8 @@ __all__ = ["SlotActors"]
 
 log = logging.getLogger(__name__)
 
-# A slot actor runs one job and takes kill/shutdown/set_context calls meanwhile.
-_ACTOR_CONCURRENCY = 4
+# A slot actor runs one job and takes forked/kill/shutdown/set_context calls meanwhile.
+_ACTOR_CONCURRENCY = 6
 
 
 class SlotActors:

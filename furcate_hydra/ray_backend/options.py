@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,14 +15,22 @@ from urllib.parse import urlparse
 
 from furcate_hydra.errors import FurcateConfigError, positive_seconds
 
-__all__ = ["Backend", "RayOptions", "check_store_reachable", "parse_address"]
+__all__ = [
+    "Backend",
+    "RayOptions",
+    "address_toward",
+    "check_store_reachable",
+    "parse_address",
+    "served_by_proxy",
+]
 
 BACKEND_KEY = "hydra.launcher.backend"
 ADDRESS_KEY = "hydra.launcher.ray.address"
 # Where the store's data lives on the launcher's disk: nodes of another machine cannot open it.
 _LOCAL_SCHEMES = ("sqlite", "file", "")
-# Optuna's storages that are files on one machine's disk.
-_LOCAL_STORAGE_PREFIXES = ("sqlite:", "journal:", "file:")
+# Optuna's storages that are files on one machine's disk (a sqlite one the sweeper serves).
+_LOCAL_STORAGE_PREFIXES = ("journal:", "file:")
+PROXY_KEY = "hydra.sweeper.storage_proxy"
 
 
 class Backend(enum.Enum):
@@ -129,22 +138,30 @@ def parse_address(address: object) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def served_by_proxy(key: str, uri: str, ray: RayOptions) -> bool:
+    """Whether the sweeper must serve its Optuna storage ``uri`` to the cluster's nodes: a
+    sqlite file on this machine, and jobs that may run on others."""
+    return key.endswith("storage") and not ray.on_this_machine and uri.startswith("sqlite:")
+
+
 def check_store_reachable(key: str, uri: str, ray: RayOptions) -> None:
     """Refuse a store that is a file on this machine when jobs may run on other machines.
 
     ``key`` names the setting the URI came from. With a Ray instance of this machine only
-    (``address`` unset) a local file serves every job, as with the local backend.
+    (``address`` unset) a local file serves every job, as with the local backend. A sqlite
+    Optuna storage is not refused: the sweeper serves it to the nodes (``served_by_proxy``).
 
     Raises:
         FurcateConfigError: the store is a local file and the cluster may span machines.
     """
-    if ray.on_this_machine:
+    if ray.on_this_machine or served_by_proxy(key, uri, ray):
         return
     if key.endswith("storage"):  # an Optuna storage
         local = uri.startswith(_LOCAL_STORAGE_PREFIXES) or "://" not in uri
         fix = (
-            "use an RDB storage on a database server every node reaches, e.g. "
-            f"{key}=postgresql://USER:PASSWORD@DBHOST/optuna (pip install psycopg2-binary), "
+            f"set {key}=sqlite:///optuna.db (the sweeper serves it to the nodes through "
+            "Optuna's gRPC proxy), or an RDB storage on a database server every node reaches, "
+            f"e.g. {key}=postgresql+psycopg2://USER:PASSWORD@DBHOST/optuna, "
             f"or leave {ADDRESS_KEY} unset to run on this machine only"
         )
     else:
@@ -162,3 +179,43 @@ def check_store_reachable(key: str, uri: str, ray: RayOptions) -> None:
             f"at {ray.address} cannot reach",
             fix,
         )
+
+
+def address_toward(ray: RayOptions) -> str:
+    """This machine's address on the route to the cluster's head: where its nodes reach us.
+
+    A UDP socket "connected" to the head picks the route and sends nothing.
+
+    Raises:
+        FurcateConfigError: the head's host is not known from ``address`` (``auto``), or no
+            route leads there; it names ``hydra.sweeper.storage_proxy``, which says instead.
+    """
+    address = ray.address or ""
+    head = address[len("ray://") :] if address.startswith("ray://") else address
+    host, _, port = head.rpartition(":")
+    fix = (
+        f"set {PROXY_KEY}=HOST:PORT (or HOST alone, for any free port): an address of this "
+        "machine that every node of the Ray cluster reaches"
+    )
+    unset = "unset: the sweeper serves its sqlite study to the Ray nodes through Optuna's gRPC "
+    if not host or not port.isdigit():
+        raise FurcateConfigError(
+            PROXY_KEY,
+            None,
+            f"{unset}proxy, and {ADDRESS_KEY}={address} names no head from which to find the "
+            "address at which the nodes reach this machine",
+            fix,
+        )
+    try:
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host.strip("[]"), int(port)))
+            local: str = probe.getsockname()[0]
+    except OSError as exc:
+        raise FurcateConfigError(
+            PROXY_KEY,
+            None,
+            f"{unset}proxy, and no route leads from this machine to the head at {address} ({exc})",
+            fix,
+        ) from None
+    return local

@@ -1,6 +1,7 @@
 """The Ray executor: the ``Executor`` contract kept with one warm slot actor per slot.
 
     submit(job) ──► queue ──► free slot ──► actor.run(Start) ──► fork server ──► job process
+                  STARTED (pid, node) ◄── actor.forked(key) ◄───────────────────┘ forked
     wait_any() ◄── JobRecord ◄── SlotResult (result file, exit status) ◄──────────┘ exits
                    ◄── the actor (or its node) died ──► CRASHED naming the node, or a retry;
                        the slot gets a new actor
@@ -67,6 +68,9 @@ class RayPool:
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._running: dict[str, JobRecord] = {}
         self._refs: dict[Any, str] = {}  # ObjectRef of a slot's run() -> job key
+        # ObjectRef of a slot's forked() -> (job key, attempt): STARTED once it resolves
+        self._forks: dict[Any, tuple[str, int]] = {}
+        self._started: set[str] = set()  # running jobs whose STARTED was emitted
         self._cancelled: set[str] = set()
         self._done: list[JobRecord] = []
         self._listeners: list[JobListener] = []
@@ -137,12 +141,15 @@ class RayPool:
                 break
             interrupts.check()
             wait = _WAIT_SLICE_S if remaining is None else min(remaining, _WAIT_SLICE_S)
-            refs = [*self._refs, *self._actors.starting]
+            refs = [*self._forks, *self._refs, *self._actors.starting]
             ready, rest = self._ray.wait(refs, num_returns=1, timeout=wait)
             if ready and rest:  # every other job that ended meanwhile, in the same call
                 ready += self._ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-            for ref in ready:
-                if ref in self._actors.starting:
+            # a job's start before its end, when both came in this call
+            for ref in sorted(ready, key=lambda r: r not in self._forks):
+                if ref in self._forks:
+                    self._on_forked(ref)
+                elif ref in self._actors.starting:
                     self._on_actor_started(ref)
                 else:
                     self._on_result(ref)
@@ -206,8 +213,9 @@ class RayPool:
             job = self._queue.popleft()
             job.slot, job.state = self.plan.slots[index], JobState.RUNNING
             job.attempts += 1
-            job.ended_at, job.pid = None, None
-            job.started_at = time.time()  # the fork time replaces it when the job ends
+            # set when its process is forked (forked() or, at the latest, its result): a job
+            # that ends without one never started, as LocalPool reads it
+            job.ended_at, job.pid, job.started_at = None, None, None
             job.paths.output_dir.mkdir(parents=True, exist_ok=True)
             slot_env = {"FURCATE_SLOT": str(index)}  # Ray sets CUDA_VISIBLE_DEVICES itself
             if job.slot.threads is not None:
@@ -225,7 +233,29 @@ class RayPool:
                 echo=self.options.echo_output,
             )
             self._running[job.key] = job
-            self._refs[self._actors[index].run.remote(start)] = job.key
+            actor = self._actors[index]
+            self._refs[actor.run.remote(start)] = job.key
+            self._forks[actor.forked.remote(job.key)] = (job.key, job.attempts)
+            node = self._actors.nodes.get(index)
+            job.node = node.ip if node is not None else None
+
+    def _on_forked(self, ref: Any) -> None:
+        """The job's process exists on its node: STARTED, with its pid (as ``LocalPool``)."""
+        key, attempt = self._forks.pop(ref)
+        job = self._running.get(key)
+        if job is None or job.attempts != attempt:
+            return  # it ended (its result came first) or runs again
+        try:
+            fork: tuple[int, float] | None = self._ray.get(ref)
+        except Exception:  # its actor died: the job's result says so
+            return
+        if fork is not None:
+            job.pid, job.started_at = fork
+            self._mark_started(job)
+
+    def _mark_started(self, job: JobRecord) -> None:
+        if job.key not in self._started:
+            self._started.add(job.key)
             self._emit(EventKind.STARTED, job)
 
     def _on_result(self, ref: Any) -> None:
@@ -237,9 +267,12 @@ class RayPool:
         except Exception as exc:  # the actor or its node died, or its fork server did
             self._on_slot_death(job, index, exc)
             return
-        job.pid = result.pid
+        job.pid = result.pid or job.pid
         job.started_at = result.started_at or job.started_at
         job.ended_at = result.ended_at
+        if result.pid is not None:  # ended before its forked() came back: started first
+            self._mark_started(job)
+        self._started.discard(job.key)
         self._free.append(index)
         see_logs = f"\n{job.paths.see_logs()}"
         if job.key in self._cancelled:
@@ -261,6 +294,7 @@ class RayPool:
             self._crashed(job, f"{why} (on {node})")
 
     def _on_slot_death(self, job: JobRecord, index: int, exc: Exception) -> None:
+        self._started.discard(job.key)
         node = self._actors.nodes.get(index)
         where = str(node) if node is not None else "an unknown node"
         why = (
@@ -332,6 +366,8 @@ class RayPool:
             self._finish(job, JobState.LOST, error=f"{reason}\n{job.paths.see_logs()}")
         self._running.clear()
         self._refs.clear()
+        self._forks.clear()
+        self._started.clear()
         self._actors.starting.clear()
         self._queue.clear()
         self._free = []

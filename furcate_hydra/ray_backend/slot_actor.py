@@ -2,6 +2,7 @@
 
     RayPool ──run(Start)──► SlotActor (a Ray worker, holds the slot's GPU share)
                                └─► ForkServerClient ─► fork server ─► fresh job process
+            ◄─ forked(key) ─── (pid, fork time) the moment the job's process exists
             ◄─ SlotResult ──── waits for the job's exit, reads its result file
 
 Ray's own fresh worker per task (``max_calls=1``) costs seconds; a fork from the warm server
@@ -57,9 +58,9 @@ class SlotResult:
 class SlotActor:
     """The body of a slot actor; ``RayPool`` wraps it with ``ray.remote``.
 
-    Threaded (Ray's ``max_concurrency``): ``run`` blocks for a job's whole life while ``kill``
-    and ``shutdown`` arrive on other threads; requests to the server are sent under one lock,
-    and only ``run`` reads its events (one job at a time per slot).
+    Threaded (Ray's ``max_concurrency``): ``run`` blocks for a job's whole life while
+    ``forked``, ``kill`` and ``shutdown`` arrive on other threads; requests to the server are
+    sent under one lock, and only ``run`` reads its events (one job at a time per slot).
     """
 
     def __init__(
@@ -82,6 +83,11 @@ class SlotActor:
         self.index = index
         self._lock = threading.Lock()
         self._kill_requested: dict[str, int] = {}
+        # key -> (pid, fork time), or None for a job that ended without a process; each
+        # entry is set once by run() and taken by forked()
+        self._forks: dict[str, tuple[int, float] | None] = {}
+        self._forked = threading.Condition()
+        self._told: set[str] = set()  # keys whose run() has told forked() already
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-ray-"))
         began = time.perf_counter()
         self._server = ForkServerClient(preload, context)
@@ -107,8 +113,31 @@ class SlotActor:
         with self._lock:
             self._server.set_context(context)
 
+    def forked(self, key: str) -> tuple[int, float] | None:
+        """The job's pid and fork time, as soon as its process exists (None: it ended
+        without one). Blocks until ``run`` knows; the pool asks it beside each ``run``, so
+        a job's STARTED carries its pid as the local pool's does."""
+        with self._forked:
+            self._forked.wait_for(lambda: key in self._forks)
+            return self._forks.pop(key)
+
     def run(self, start: Start) -> SlotResult:
         """Fork the job from the warm server and wait for it to exit."""
+        try:
+            return self._run(start)
+        finally:
+            self._tell_forked(start.key, None)  # no process came of it: forked() returns
+
+    def _tell_forked(self, key: str, fork: tuple[int, float] | None) -> None:
+        with self._forked:
+            if key not in self._told:
+                self._told.add(key)
+                self._forks[key] = fork
+                self._forked.notify_all()
+
+    def _run(self, start: Start) -> SlotResult:
+        with self._forked:  # a retry of the key: a new process to tell of
+            self._told.discard(start.key)
         result_path = self._runtime_dir / f"{start.key}.result"
         start = dataclasses.replace(start, result_path=str(result_path))
         with self._lock:
@@ -120,6 +149,7 @@ class SlotActor:
             event = self._server.receive(timeout=None)
             if isinstance(event, Started) and event.key == start.key:
                 pid, started_at = event.pid, event.started_at
+                self._tell_forked(start.key, (pid, started_at))
                 with self._lock:  # a kill that came while the job was being forked
                     signum = self._kill_requested.get(start.key)
                     if signum is not None:

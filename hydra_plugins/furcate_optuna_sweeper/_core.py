@@ -10,10 +10,11 @@ end: optimization_results.yaml + plots in the sweep dir, on the sweep's MLflow r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
-from furcate_hydra.hydra_layer.backends import check_sweeper_storage
+from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.hydra_layer.backends import sweeper_storage_proxy
 from furcate_hydra.hydra_layer.exclusion_filter import (
     GridFilter,
     refuse_wrong_types,
     unmatched_warning,
 )
-from furcate_hydra.hydra_layer.options import OptionError, plain
+from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
 from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
 from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
@@ -112,10 +114,15 @@ class StudySweep:
         sampler, n_trials = self._sampler(options.sampler, options.n_trials)
         self.study_name = options.study_name or str(config.hydra.job.name)
         self.storage = study_storage(options.storage, SweepPaths.of(str(config.hydra.sweep.dir)))
-        # jobs on other machines report to the study (pruning): it must be reachable there
-        check_sweeper_storage(
-            plain(config.hydra.get("launcher")), "hydra.sweeper.storage", self.storage
+        # jobs on other machines report to the study (pruning): it must be reachable there,
+        # a sqlite file through the proxy `serving` starts
+        self._serve_at = sweeper_storage_proxy(
+            plain(config.hydra.get("launcher")),
+            "hydra.sweeper.storage",
+            self.storage,
+            options.storage_proxy,
         )
+        self.job_storage = self.storage  # what the trials' jobs open
         self.study = open_study(
             self.storage,
             self.study_name,
@@ -156,6 +163,33 @@ class StudySweep:
             pruning,
             ", ".join(options.directions),
         )
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """While the trials run: the sqlite study served to the Ray nodes, if they need it."""
+        if self._serve_at is None:
+            yield
+            return
+        from furcate_hydra.tuning.proxy import StudyProxy
+
+        host, port = self._serve_at
+        try:
+            proxy = StudyProxy(self.storage, host, port, "hydra.sweeper.storage_proxy")
+        except FurcateConfigError as exc:
+            raise as_option_error(exc) from None
+        self.job_storage = proxy.url
+        log.info(
+            "furcate_optuna: the study is served to the Ray nodes at %s (Optuna's gRPC proxy "
+            "in front of %s)",
+            proxy.url,
+            shown_url(self.storage),
+        )
+        try:
+            yield
+        finally:
+            proxy.stop()
+            self.job_storage = self.storage
+            log.info("furcate_optuna: stopped serving the study at %s", proxy.url)
 
     @functools.cached_property
     def runs(self) -> TrialRuns | None:
@@ -243,7 +277,7 @@ class StudySweep:
         if self.options.monitor is None:
             return {}
         return {
-            env_vars.OPTUNA_STORAGE: self.storage,
+            env_vars.OPTUNA_STORAGE: self.job_storage,
             env_vars.OPTUNA_STUDY: self.study_name,
             env_vars.OPTUNA_TRIAL_NUMBER: str(trial.number),
             env_vars.OPTUNA_MONITOR: self.options.monitor,
@@ -468,10 +502,11 @@ def run_study(
     sweep_dir = save_multirun_config(context.config).sweep_dir
     streaming = sweep.streaming
     if sweep.to_start:
-        if options.asynchronous and streaming is not None:
-            _stream(sweep, streaming)
-        else:
-            _batches(sweep, context.launcher)
+        with sweep.serving():
+            if options.asynchronous and streaming is not None:
+                _stream(sweep, streaming)
+            else:
+                _batches(sweep, context.launcher)
     results = write_results(sweep.study, sweep_dir)
     ran = sweep.started > 0 and streaming is not None
     sweep_run = streaming.sweep_run_id if ran and streaming and sweep.runs else None

@@ -31,6 +31,7 @@ class OptunaOptions:
     rules: tuple[ExclusionRule, ...]
     directions: tuple[str, ...]
     storage: str | None  # None (storage: null): a new study for this run, in the sweep dir
+    storage_proxy: tuple[str, int] | None  # (host, port; 0: any free one), or None: automatic
     study_name: str | None
     n_trials: int
     n_jobs: int | None
@@ -77,6 +78,7 @@ class OptunaOptions:
             rules=spec.rules,
             directions=directions,
             storage=_storage(options["storage"]),
+            storage_proxy=_storage_proxy(options["storage_proxy"]),
             study_name=_optional_text("hydra.sweeper.study_name", options["study_name"]),
             n_trials=_count("hydra.sweeper.n_trials", options["n_trials"], "20"),
             n_jobs=None
@@ -179,6 +181,27 @@ def _storage(value: Any) -> str | None:
             " or null for a new study in the sweep dir",
         )
     return value
+
+
+def _storage_proxy(value: Any) -> tuple[str, int] | None:
+    """``HOST:PORT`` or ``HOST`` (port 0: any free one); ``[::1]:PORT`` for IPv6."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else ""
+    host, port = text, "0"
+    if text.count(":") == 1 or text.startswith("["):
+        host, _, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536 or "/" in host:
+        raise OptionError(
+            "hydra.sweeper.storage_proxy",
+            value,
+            "must be HOST:PORT or HOST: an address of this machine that the Ray nodes reach, "
+            "where the sweeper serves its sqlite study",
+            "set e.g. hydra.sweeper.storage_proxy=10.0.0.5:13000 (or 10.0.0.5 for any free "
+            "port), or leave it unset for this machine's address toward the Ray head",
+        )
+    return host, int(port)
 
 
 def _count(key: str, value: Any, example: str) -> int:

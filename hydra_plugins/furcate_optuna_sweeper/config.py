@@ -131,6 +131,10 @@ class FurcateOptunaSweeperConf:
     # directory); null: a new study for each run (a sqlite file in the sweep dir, so that the
     # trials' jobs can report to it), as hydra-optuna-sweeper's in-memory one
     storage: Optional[Any] = "sqlite:///optuna.db"
+    # with hydra.launcher.backend=ray on a cluster (ray.address set) and a sqlite storage: the
+    # address (HOST:PORT, or HOST for any free port) where the sweeper serves the study to the
+    # nodes through Optuna's gRPC proxy. Unset: this machine's address toward the head
+    storage_proxy: Optional[str] = None
     # unset: the task's name (hydra.job.name)
     study_name: Optional[str] = None
     # trials the study should have in all: a rerun runs only the ones missing
