@@ -94,3 +94,17 @@ def test_a_malformed_proxy_url_in_a_job_is_named(url: str) -> None:
     assert f"Invalid {env_vars.OPTUNA_STORAGE}='{url}': is not grpc://HOST:PORT" in str(
         raised.value
     )
+
+
+def test_an_optuna_without_the_proxy_modules_is_named_with_the_rdb_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study_with_two_good_trials(url)
+    # as if a later Optuna moved its private proxy modules
+    monkeypatch.setitem(sys.modules, "optuna.storages._grpc.servicer", None)
+    with pytest.raises(FurcateConfigError) as raised:
+        StudyProxy(url, "127.0.0.1", 0, KEY)
+    message = str(raised.value)
+    assert KEY in message and "gRPC proxy cannot be started here" in message
+    assert "postgresql+psycopg2://" in message

@@ -67,10 +67,21 @@ class StudyProxy:
             ) from None
         # Private in Optuna: its public run_grpc_proxy_server blocks for good, cannot be
         # stopped, and does not tell the port it bound.
-        from optuna.storages._grpc.auto_generated.api_pb2_grpc import (
-            add_StorageServiceServicer_to_server,
-        )
-        from optuna.storages._grpc.servicer import OptunaStorageProxyService
+        try:
+            from optuna.storages._grpc.auto_generated.api_pb2_grpc import (
+                add_StorageServiceServicer_to_server,
+            )
+            from optuna.storages._grpc.servicer import OptunaStorageProxyService
+        except ImportError as exc:  # a later Optuna moved them
+            import optuna
+
+            raise FurcateConfigError(
+                key,
+                f"{host}:{port}",
+                f"Optuna {optuna.__version__}'s gRPC proxy cannot be started here ({exc})",
+                "use an RDB storage on a database server every node reaches, e.g. "
+                "hydra.sweeper.storage=postgresql+psycopg2://USER:PASSWORD@DBHOST/optuna",
+            ) from None
 
         # Optuna's advice for a proxy: the cached storage, which reads finished trials once
         storage: BaseStorage = _cached(rdb_storage(storage_url, create_tables=False))
