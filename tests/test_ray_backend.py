@@ -89,6 +89,20 @@ def run_statuses(server: Server, experiment: str) -> list[str]:
     return sorted(r.info.status for r in runs if r.data.tags.get(Tags.ROLE) != "sweep")
 
 
+def opened_runs(server: Server, experiment: str) -> int:
+    """Job runs opened for their jobs (a won claim: its params logged), 0 before any."""
+    from mlflow.tracking import MlflowClient
+
+    from furcate_hydra.store import Tags
+
+    client = MlflowClient(server.url)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return 0
+    runs = client.search_runs([found.experiment_id])
+    return sum(1 for r in runs if r.data.tags.get(Tags.ROLE) != "sweep" and r.data.params)
+
+
 def probes(sweep_dir: Path) -> dict[int, dict[str, object]]:
     return {int(p.parent.name): json.loads(p.read_text()) for p in sweep_dir.glob("*/probe.json")}
 
@@ -211,6 +225,11 @@ def test_ctrl_c_stops_every_remote_job(tmp_path: Path, cluster: Cluster, server:
         while len(fork_servers(cluster)) < 4 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert len(fork_servers(cluster)) >= 4, "the jobs did not start"
+        # each job's run is opened just before it is submitted: the queued one's may come
+        # after the first two started (a Ctrl-C before it would withdraw its claim instead)
+        while opened_runs(server, tmp_path.name) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert opened_runs(server, tmp_path.name) == 3, "the queued job's run was not opened"
         os.killpg(process.pid, signal.SIGINT)
         output, _ = process.communicate(timeout=120)
     text = output.decode()
