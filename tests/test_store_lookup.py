@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from furcate_hydra.sqlite_lock import creating_sqlite_schema
 from furcate_hydra.store import Action, LauncherIdentity, Rerun, RunRecord, RunStatus, Tags, decide
 from furcate_hydra.store.lookup import (
     _by_id_search,
@@ -223,3 +227,23 @@ def test_the_sqlite_reader_finds_what_mlflow_finds(runs: Runs, mlflow_store: str
     assert reader.latest_metrics([running]) == {running: {"loss": 0.25}}
     assert SqliteReader(path, "no such experiment").find_runs(wanted) == {}
     assert SqliteReader(path.with_name("missing.db"), "here").find_runs(wanted) == {}
+
+
+def test_the_sqlite_reader_waits_for_a_store_being_created(tmp_path: Path) -> None:
+    # A launcher creating the store holds its schema lock while MLflow makes the tables; a
+    # rerun's reader that found the file meanwhile reads it once it is made, not half made.
+    path = tmp_path / "mlflow.db"
+    found: list[str | None] = []
+    with creating_sqlite_schema(path):
+        sqlite3.connect(path).close()  # the file exists, with no table yet
+        reader = threading.Thread(
+            target=lambda: found.append(SqliteReader(path, "e").experiment_id)
+        )
+        reader.start()
+        reader.join(timeout=0.5)
+        assert reader.is_alive()  # waiting for the creator's lock
+        with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+            connection.execute("CREATE TABLE experiments (experiment_id INTEGER, name TEXT)")
+            connection.execute("INSERT INTO experiments VALUES (7, 'e')")
+    reader.join(timeout=30)
+    assert found == ["7"]

@@ -147,11 +147,11 @@ class StoreAccess:
         if self._reader is None and self._path is not None:
             try:
                 self._reader = SqliteReader(self._path, self.experiment)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:  # OSError: its schema lock
                 self._unreadable(exc)
         return self._reader
 
-    def _unreadable(self, exc: sqlite3.Error) -> None:
+    def _unreadable(self, exc: Exception) -> None:
         log.debug("furcate: %s is read through MLflow: %s", self.tracking.uri, exc)
         self._path = self._reader = None
 

@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from furcate_hydra.sqlite_lock import sqlite_schema_made
 from furcate_hydra.store.decisions import CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, liveness
 from furcate_hydra.store.records import RunRecord, RunStatus, Tags
@@ -45,7 +46,9 @@ class SqliteReader:
         self.path = path
         self.experiment_id: str | None = None
         if path.exists():
-            with self._connection() as connection:
+            # a store another process is creating (MLflow makes its tables in steps) is read
+            # once it is made, not half made
+            with sqlite_schema_made(path), self._connection() as connection:
                 row = connection.execute(
                     "SELECT experiment_id FROM experiments WHERE name = ?", (experiment_name,)
                 ).fetchone()
