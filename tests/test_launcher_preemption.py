@@ -70,3 +70,33 @@ def test_a_job_preempted_more_often_than_allowed_ends_resumable(
     assert run.info.status == "KILLED"
     assert run.data.tags[Tags.PREEMPTIONS] == "2"
     assert "run the same command to resume it" in run.data.tags[Tags.ERROR]
+
+
+def test_a_preempted_job_runs_after_the_job_forked_ahead_of_it_and_before_the_rest(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    # One slot. While job #0 runs, #1 is forked ahead, waiting at its gate. #0 is preempted:
+    # the fork server hands its slot to #1 at once, and #0 is queued again first, so it runs
+    # before #2 and #3; nothing is left waiting at a gate (the sweep ends).
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    result = run_probe_sweep(
+        tmp_path,
+        "mode=sigterm_once,ok",
+        "+i=0,1",
+        "sleep=1",
+        "hydra.launcher.gpus=[3]",
+        env={"PROBE_MARKER_DIR": str(markers)},
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    assert "queued again to resume (preemption 1 of 3)" in out
+    assert "sweep of 4 jobs: 4 finished" in out
+    started = {
+        i: json.loads((tmp_path / "sweep" / str(i) / "probe.json").read_text())["started_at"]
+        for i in range(4)
+    }  # #0's is its second attempt's
+    assert started[1] < started[0] < started[2] < started[3]
+    run_data = json.loads((tmp_path / "sweep" / "0" / "run_data.json").read_text())
+    assert (run_data["attempts"], run_data["preemptions"]) == (2, 1)
+    assert sorted(run.info.status for run in job_runs(mlflow_store)) == ["FINISHED"] * 4
