@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from furcate_hydra.hydra_layer.options import OptionError
 from furcate_hydra.layout import SweepPaths
+from hydra_plugins.furcate_optuna_sweeper._core import StudySweep
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
 from hydra_plugins.furcate_optuna_sweeper._study import (
@@ -96,6 +97,30 @@ def test_an_asked_trial_is_owned_from_its_first_write(tmp_path: Path) -> None:
     assert [t.system_attrs[Attrs.SWEEPER] for t in seen] == [f"sweeper {i}" for i in range(3)]
     assert [t.number for t in trials] == [0, 1, 2]
     assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def test_a_stopped_sweep_fails_every_trial_it_left_running(tmp_path: Path) -> None:
+    # An interrupt inside an ask, or between an ask and its job's submission, leaves a trial
+    # RUNNING that no list of the sweep holds: stopping, the sweep fails it all the same,
+    # marked for a retry, and leaves other sweepers' trials alone.
+    study = new_study(tmp_path)
+    owner = sweeper_identity()
+    held = ask_owned(study, X, owner)
+    lost = ask_owned(study, X, owner)
+    done = ask_owned(study, X, owner)
+    study.tell(done, 1.0)
+    foreign = running_trial(study, "another sweeper")
+    sweep = StudySweep.__new__(StudySweep)  # what interrupted() reads of a running sweep
+    sweep.study, sweep._identity = study, owner
+
+    sweep.interrupted([held], "sweep stopped: KeyboardInterrupt")
+    for trial in (held, lost):
+        frozen = study.trials[trial.number]
+        assert frozen.state is TrialState.FAIL
+        assert frozen.system_attrs[Attrs.INTERRUPTED] == "sweep stopped: KeyboardInterrupt"
+    assert study.trials[done.number].state is TrialState.COMPLETE
+    assert study.trials[foreign.number].state is TrialState.RUNNING
+    assert recover_trials(study, owner).retried == 2
 
 
 def test_what_counts_toward_n_trials(tmp_path: Path) -> None:

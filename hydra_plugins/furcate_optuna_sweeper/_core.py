@@ -53,6 +53,7 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
     ask_owned,
     open_study,
+    owned_running,
     recover_trials,
     shown_url,
     study_storage,
@@ -367,16 +368,31 @@ class StudySweep:
 
     def interrupted(self, trials: Sequence[optuna.Trial], why: str) -> None:
         """Trials stopped before their jobs ended: FAIL, marked for a retry by the next sweep
-        (a trial told already is left as it was told)."""
-        for trial in trials:
+        (a trial told already is left as it was told). Besides ``trials``, every other trial
+        this sweeper asked that is still RUNNING: an interrupt inside an ask, or between an
+        ask and the job's submission (frequent while trials are asked ahead of busy slots),
+        leaves one in no list."""
+        storage = self.study._storage
+        ids = [trial._trial_id for trial in trials]
+        try:
+            ids += [
+                frozen._trial_id
+                for frozen in owned_running(self.study, self._identity)
+                if frozen._trial_id not in ids
+            ]
+        except Exception as exc:  # still stopping: the next sweep recovers them as dead
+            log.warning("furcate_optuna: trials asked but not yet submitted left RUNNING: %s", exc)
+        for trial_id in ids:
+            name = f"with id {trial_id}"
             try:
-                state = self.study._storage.get_trial(trial._trial_id).state
-                if state.is_finished():
+                frozen = storage.get_trial(trial_id)
+                name = str(frozen.number)
+                if frozen.state.is_finished():
                     continue
-                self._set_attr(trial, Attrs.INTERRUPTED, why)
-                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                storage.set_trial_system_attr(trial_id, Attrs.INTERRUPTED, why)
+                self.study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
             except Exception as exc:  # still stopping: the next sweep recovers it as dead
-                log.warning("furcate_optuna: trial %d left RUNNING: %s", trial.number, exc)
+                log.warning("furcate_optuna: trial %s left RUNNING: %s", name, exc)
 
     def too_many_failures(self, concurrency: int) -> bool:
         """hydra-optuna-sweeper's max_failure_rate, judged per trial: at 0 the first failure

@@ -42,6 +42,7 @@ __all__ = [
     "ask_owned",
     "name_objectives",
     "open_study",
+    "owned_running",
     "recover_trials",
     "shown_url",
     "study_storage",
@@ -185,6 +186,15 @@ def ask_owned(
     trial = study.ask(fixed_distributions=dict(distributions))
     study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, owner)
     return trial
+
+
+def owned_running(study: optuna.Study, owner: str) -> list[FrozenTrial]:
+    """The trials ``owner`` asked (``ask_owned``) that are RUNNING."""
+    return [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if trial.system_attrs.get(Attrs.SWEEPER) == owner
+    ]
 
 
 def recover_trials(study: optuna.Study, owner: str) -> StudyState:
