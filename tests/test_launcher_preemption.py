@@ -18,6 +18,15 @@ from tests.conftest import run_probe_sweep
 from tests.store_helpers import job_runs
 
 
+def preempting_sweep(tmp_path: Path, *overrides: str) -> tuple[int, str, Path]:
+    """The probe app's sweep, its preempting jobs marking themselves in a folder: the exit
+    status, the output, and that folder."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    result = run_probe_sweep(tmp_path, *overrides, env={"PROBE_MARKER_DIR": str(markers)})
+    return result.returncode, result.stdout + result.stderr, markers
+
+
 @pytest.mark.parametrize(
     ("mode", "signal_name"),
     [
@@ -28,11 +37,8 @@ from tests.store_helpers import job_runs
 def test_a_preempted_job_runs_again_in_its_run_and_the_sweep_exits_0(
     tmp_path: Path, mlflow_store: str, mode: str, signal_name: str
 ) -> None:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    result = run_probe_sweep(tmp_path, f"mode=ok,{mode}", env={"PROBE_MARKER_DIR": str(markers)})
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
+    returncode, out, _ = preempting_sweep(tmp_path, f"mode=ok,{mode}")
+    assert returncode == 0, out
     assert f"preempted by {signal_name}" in out
     assert "queued again to resume (preemption 1 of 3)" in out
     assert "sweep of 2 jobs: 2 finished" in out
@@ -51,16 +57,10 @@ def test_a_preempted_job_runs_again_in_its_run_and_the_sweep_exits_0(
 def test_a_job_preempted_more_often_than_allowed_ends_resumable(
     tmp_path: Path, mlflow_store: str
 ) -> None:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    result = run_probe_sweep(
-        tmp_path,
-        "mode=sigterm_always",
-        "hydra.launcher.max_preemptions=1",
-        env={"PROBE_MARKER_DIR": str(markers)},
+    returncode, out, markers = preempting_sweep(
+        tmp_path, "mode=sigterm_always", "hydra.launcher.max_preemptions=1"
     )
-    out = result.stdout + result.stderr
-    assert result.returncode != 0
+    assert returncode != 0
     assert len(list(markers.glob("preempted-*"))) == 2  # queued again once, then not
     assert "job #0 preempted: preempted 2 times, more than hydra.launcher.max_preemptions=1" in out
     summary = (tmp_path / "sweep" / "summary.md").read_text()
@@ -72,24 +72,17 @@ def test_a_job_preempted_more_often_than_allowed_ends_resumable(
     assert "run the same command to resume it" in run.data.tags[Tags.ERROR]
 
 
+@pytest.mark.slow  # CI runs it; a sweep of four jobs one after another
 def test_a_preempted_job_runs_after_the_job_forked_ahead_of_it_and_before_the_rest(
     tmp_path: Path, mlflow_store: str
 ) -> None:
     # One slot. While job #0 runs, #1 is forked ahead, waiting at its gate. #0 is preempted:
     # the fork server hands its slot to #1 at once, and #0 is queued again first, so it runs
     # before #2 and #3; nothing is left waiting at a gate (the sweep ends).
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    result = run_probe_sweep(
-        tmp_path,
-        "mode=sigterm_once,ok",
-        "+i=0,1",
-        "sleep=1",
-        "hydra.launcher.gpus=[3]",
-        env={"PROBE_MARKER_DIR": str(markers)},
+    returncode, out, _ = preempting_sweep(
+        tmp_path, "mode=sigterm_once,ok", "+i=0,1", "sleep=1", "hydra.launcher.gpus=[3]"
     )
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
+    assert returncode == 0, out
     assert "queued again to resume (preemption 1 of 3)" in out
     assert "sweep of 4 jobs: 4 finished" in out
     started = {
