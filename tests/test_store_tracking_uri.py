@@ -27,10 +27,10 @@ from tests.conftest import REPO
         ("sqlite:////cfg/a.db", {ENV_KEY: "sqlite:////env/b.db"}, "sqlite:////cfg/a.db", URI_KEY),
         (None, {ENV_KEY: "sqlite:////env/b.db"}, "sqlite:////env/b.db", ENV_KEY),
         ("", {ENV_KEY: "http://host:5000"}, "http://host:5000", ENV_KEY),
-        (None, {ENV_KEY: ""}, "sqlite:////work/dir/mlflow.db", URI_KEY),
-        (None, {}, "sqlite:////work/dir/mlflow.db", URI_KEY),
-        ("sqlite:///rel/x.db", {}, "sqlite:////work/dir/rel/x.db", URI_KEY),
-        (None, {ENV_KEY: "sqlite:///x.db"}, "sqlite:////work/dir/x.db", ENV_KEY),
+        (None, {ENV_KEY: ""}, "sqlite:////home/me/project/mlflow.db", URI_KEY),
+        (None, {}, "sqlite:////home/me/project/mlflow.db", URI_KEY),
+        ("sqlite:///rel/x.db", {}, "sqlite:////home/me/project/rel/x.db", URI_KEY),
+        (None, {ENV_KEY: "sqlite:///x.db"}, "sqlite:////home/me/project/x.db", ENV_KEY),
         ("sqlite:///:memory:", {}, "sqlite:///:memory:", URI_KEY),
         ("sqlite://", {}, "sqlite://", URI_KEY),
         ("postgresql://u@db/mlflow", {}, "postgresql://u@db/mlflow", URI_KEY),
@@ -39,7 +39,7 @@ from tests.conftest import REPO
 def test_resolve_precedence_and_absolute_sqlite_paths(
     configured: str | None, environ: dict[str, str], uri: str, source: str
 ) -> None:
-    resolved = resolve_tracking_uri(configured, environ, Path("/work/dir"))
+    resolved = resolve_tracking_uri(configured, environ, Path("/home/me/project"))
     assert resolved == TrackingUri(uri, source)
 
 
