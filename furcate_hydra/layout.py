@@ -119,6 +119,12 @@ class JobPaths:
     def checkpoint_pointer(self) -> Path:
         return self.checkpoint_dir / self.CHECKPOINT_POINTER
 
+    @property
+    def logs(self) -> Path:
+        """Where a summary row points for the job's logs: its stderr once written, else its
+        dir."""
+        return self.stderr if self.stderr.exists() else self.output_dir
+
     def see_logs(self) -> str:
         """The sentence a failure message ends with, pointing at the job's output."""
         return f"See the job's logs: {self.stdout} and {self.stderr}"

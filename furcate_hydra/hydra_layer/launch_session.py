@@ -188,7 +188,7 @@ class LaunchSession:
         decisions = self.recorder.prepare(jobs)
         if decisions is None:  # only MLflow can read this store: open it first
             self.warm_up()
-            decisions = self.recorder.prepare(jobs)
+            decisions = self.recorder.decide(jobs)
             assert decisions is not None
         self._dispatch(jobs, decisions)
         return jobs
@@ -202,7 +202,7 @@ class LaunchSession:
                 # Loading MLflow took seconds since the lookup: another launcher may have
                 # claimed, or even finished, some of these configs meanwhile, and a claim only
                 # sees RUNNING rivals. Decide again, now, before claiming.
-                decisions = self.recorder.prepare(jobs) or decisions
+                decisions = self.recorder.decide(jobs) or decisions
             self.start_view()
         decisions = self.recorder.claim(jobs, decisions)
         for job, decision in zip(jobs, decisions, strict=True):
@@ -336,10 +336,8 @@ class LaunchSession:
         row = self.recorder.row(key)
         if row is None:
             return
-        output_dir = Path(row.output_dir)
-        stderr = output_dir / JobPaths.STDERR
         label = " ".join(task_overrides(row.overrides))
-        logs = str(stderr if stderr.exists() else output_dir)
+        logs = str(JobPaths.of(row.output_dir).logs)
         self.summary.pruned_job(
             Unfinished(row.job_num, label, "pruned", pruned_reason(epoch), logs)
         )
@@ -353,7 +351,7 @@ class LaunchSession:
     @property
     def jobs_ahead(self) -> int:
         """Jobs worth submitting beyond the free slots: forked ahead, one per slot, each starts
-        the moment a slot frees. None under fail_fast, where no job may start on the slot of
+        the moment a slot frees. 0 under fail_fast, where no job may start on the slot of
         one that failed (and a job never started should have no run)."""
         return 0 if self.fail_fast else self.executor.slot_count
 
@@ -381,7 +379,7 @@ class LaunchSession:
                     job.label,
                     "killed" if started else "not started",
                     "launcher stopped",
-                    str(job.paths.stderr if job.paths.stderr.exists() else job.paths.output_dir),
+                    str(job.paths.logs),
                 )
             )
         peaks = {key: self._end_trace(key) for key in self._jobs}
@@ -461,7 +459,7 @@ class LaunchSession:
         text = _error_text(job, job_return)
         outcome = _outcome(job, text)
         reason = one_line_reason(text) or outcome
-        logs = job.paths.stderr if job.paths.stderr.exists() else job.paths.output_dir
+        logs = job.paths.logs
         self.summary.did_not_finish(Unfinished(job.num, job.label, outcome, reason, str(logs)))
         if outcome == "not started":
             return
@@ -587,7 +585,6 @@ def streaming(session: LaunchSession) -> Iterator[None]:
     session.in_stream = True
     try:
         yield  # the view starts with the first job that runs (LaunchSession.start_view)
-        session.in_stream = False
         session.stop_view()
         session.recorder.flush()
         session.summary.pruned(session.tally.snapshot().pruned)

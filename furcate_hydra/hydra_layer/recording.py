@@ -138,10 +138,14 @@ class JobRecorder:
     # -- before jobs run ----------------------------------------------------------------
 
     def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
-        """Fingerprint a batch and decide each job with one store lookup for all of them;
-        None when only MLflow can read the store: ``open_store``, then prepare again."""
+        """Fingerprint a batch and ``decide`` it."""
         for job in jobs:
             job.fingerprint = fingerprint(job.task_config, self.options.fingerprint_ignore)
+        return self.decide(jobs)
+
+    def decide(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+        """Decide each job of a prepared batch with one store lookup for all of them; None
+        when only MLflow can read the store: ``open_store``, then decide again."""
         decisions: dict[str, Decision] = {}
         if self.access is not None:
             fingerprints = {str(j.fingerprint) for j in jobs}
