@@ -404,14 +404,19 @@ class LocalPool:
                 job.attempts,
                 self.options.max_retries,
             )
-            self._free_slot(job)
-            job.state = JobState.QUEUED
-            self._queue.appendleft(job)
-            self._emit(EventKind.RETRYING, job, why)
-            self._dispatch()
+            self._queue_again(job, EventKind.RETRYING, why)
         else:
             error = f"{describe_wait_status(wait_status)}{see_logs}"
             self._release(job, JobState.CRASHED, error=error)
+
+    def _queue_again(self, job: JobRecord, kind: EventKind, why: str) -> None:
+        """A retried or preempted job goes back first in the queue (it ran before any queued
+        job), told to the listeners as ``kind``."""
+        self._free_slot(job)
+        job.state = JobState.QUEUED
+        self._queue.appendleft(job)
+        self._emit(kind, job, why)
+        self._dispatch()
 
     def _on_preempted(self, job: JobRecord, why: str) -> None:
         """Queue a preempted job again (first: it ran before any queued job), or, past the
@@ -433,11 +438,7 @@ class LocalPool:
             job.preemptions,
             limit,
         )
-        self._free_slot(job)
-        job.state = JobState.QUEUED
-        self._queue.appendleft(job)
-        self._emit(EventKind.PREEMPTED, job, why)
-        self._dispatch()
+        self._queue_again(job, EventKind.PREEMPTED, why)
 
     def _poll_progress(self) -> None:
         """A PROGRESS event for each running job whose progress file changed."""

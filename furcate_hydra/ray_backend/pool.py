@@ -310,6 +310,14 @@ class RayPool:
         else:
             self._crashed(job, why)
 
+    def _queue_again(self, job: JobRecord, kind: EventKind, why: str) -> None:
+        """A retried or preempted job goes back first in the queue (it ran before any queued
+        job), told to the listeners as ``kind``."""
+        job.state = JobState.QUEUED
+        self._queue.appendleft(job)
+        self._emit(kind, job, why)
+        self._dispatch()
+
     def _on_preempted(self, job: JobRecord, why: str) -> None:
         """As ``LocalPool``: queue a preempted job again, first, up to ``max_preemptions``; it
         resumes from the checkpoint it saved, in its run."""
@@ -330,10 +338,7 @@ class RayPool:
             job.preemptions,
             limit,
         )
-        job.state = JobState.QUEUED
-        self._queue.appendleft(job)
-        self._emit(EventKind.PREEMPTED, job, why)
-        self._dispatch()
+        self._queue_again(job, EventKind.PREEMPTED, why)
 
     def _crashed(self, job: JobRecord, why: str) -> None:
         """Retry the job if it has retries left, else it ends CRASHED with ``why``."""
@@ -345,10 +350,7 @@ class RayPool:
                 job.attempts,
                 self.options.max_retries,
             )
-            job.state = JobState.QUEUED
-            self._queue.appendleft(job)
-            self._emit(EventKind.RETRYING, job, why)
-            self._dispatch()
+            self._queue_again(job, EventKind.RETRYING, why)
         else:
             self._release(job, JobState.CRASHED, error=f"{why}\n{job.paths.see_logs()}")
 
