@@ -37,9 +37,17 @@ FAST = [*SLOTS, "hydra.launcher.rerun=all"]
 
 
 @pytest.fixture(scope="class")
-def class_store_path(tmp_path_factory: pytest.TempPathFactory, empty_mlflow_db: Path) -> Path:
-    path = tmp_path_factory.mktemp("class_store") / "mlflow.db"
-    shutil.copyfile(empty_mlflow_db, path)
+def class_store_path(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    empty_mlflow_db: Path,
+) -> Path:
+    # One file per class, kept if pytest sets the fixture up again for the same class (when a
+    # worker runs other tests between the class's own): the class's checks read every sweep.
+    path = tmp_path_factory.getbasetemp() / f"class_store-{request.node.name}" / "mlflow.db"
+    if not path.exists():
+        path.parent.mkdir(parents=True)
+        shutil.copyfile(empty_mlflow_db, path)
     return path
 
 
