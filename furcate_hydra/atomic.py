@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_write_bytes"]
+__all__ = ["atomic_write_bytes", "link_or_copy"]
 
 # mkstemp creates 0600 files; a file written here gets the mode open() would give it.
 _UMASK = os.umask(0)
@@ -33,3 +34,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def link_or_copy(source: Path, target: Path) -> Path:
+    """``target`` as a hard link to ``source`` (a copy where links fail: another file system),
+    replacing any ``target`` in one step, so a reader sees the old file or the new one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+    return target

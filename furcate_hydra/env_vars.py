@@ -11,6 +11,7 @@ __all__ = [
     "CHECKPOINT_EVERY_N_STEPS",
     "CHECKPOINT_EVERY_S",
     "EXPERIMENT_ID",
+    "LIGHTNING",
     "OPTUNA_MONITOR",
     "OPTUNA_PRUNER",
     "OPTUNA_STORAGE",
@@ -18,6 +19,7 @@ __all__ = [
     "OPTUNA_TRIAL_NUMBER",
     "OUTPUT_DIR",
     "PRUNED_AT_EPOCH_ATTR",
+    "RESUMED_OUTPUT_DIR",
     "RUN_ID",
     "TRACKING_URI",
 ]
@@ -28,6 +30,10 @@ EXPERIMENT_ID = "MLFLOW_EXPERIMENT_ID"
 OUTPUT_DIR = "FURCATE_OUTPUT_DIR"
 # Stays the same when an interrupted run is launched again, so the job finds its checkpoints.
 CHECKPOINT_DIR = "FURCATE_CHECKPOINT_DIR"
+# A resumed run's previous job dir, where the app's own checkpoints of that attempt are.
+RESUMED_OUTPUT_DIR = "FURCATE_RESUMED_OUTPUT_DIR"
+# hydra.launcher.lightning: "auto" gives a Trainer the task builds what fit gives; "off" not
+LIGHTNING = "FURCATE_LIGHTNING"
 # hydra.launcher.checkpoint_every_n_steps / checkpoint_every_s: mid-epoch checkpoints that fit
 # takes besides the epoch ones (absent: none of that kind)
 CHECKPOINT_EVERY_N_STEPS = "FURCATE_CHECKPOINT_EVERY_N_STEPS"

@@ -14,9 +14,11 @@
         stdout.log  stderr.log      what the job's process printed
         run_data.json               what the launcher recorded of the job: written RUNNING
                                     when its process starts, again when it ends
-        checkpoints/                epoch and step checkpoints and their verified pointer,
-                                    last.json (damaged ones moved aside as *.corrupt); a
-                                    resumed run keeps the directory its first attempt had
+        resume/                     furcate's epoch and step checkpoints and their verified
+                                    pointer, last.json (damaged ones moved aside as
+                                    *.corrupt); a resumed run keeps the directory its first
+                                    attempt had (the new job dir links to it); an app's own
+                                    ModelCheckpoint files stay where the app puts them
         history.json  plots/        the epoch history ``fit`` keeps, drawn per metric
         trace.csv                   the launcher's samples of the job's memory and CPU (and
                                     GPU), drawn in plots/resource_trace.png when it ends
@@ -27,7 +29,7 @@
 
 The launcher, the slot pool, the job side (``JobEnv``) and anything reading a sweep later take
 their paths from here, so a name changes in one line. MLflow artifact folders of a job's run
-reuse the same names (``checkpoints/``, ``plots/``).
+are ``plots/`` and ``checkpoints/`` (its final.ckpt).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from pathlib import Path
 
 __all__ = ["JobPaths", "SweepPaths"]
 
-CHECKPOINTS_DIR = "checkpoints"
+# furcate's own: the app's ModelCheckpoint often writes to <job dir>/checkpoints
+CHECKPOINTS_DIR = "resume"
 PLOTS_DIR = "plots"
 
 
@@ -48,7 +51,7 @@ class JobPaths:
 
     Attributes:
         output_dir: Hydra's job dir (absolute).
-        checkpoint_dir: Where the job's run keeps its checkpoints; ``output_dir/checkpoints``
+        checkpoint_dir: Where the job's run keeps its checkpoints; ``output_dir/resume``
             unless the run is a resumed one whose first attempt ran elsewhere.
     """
 

@@ -14,6 +14,7 @@ import pytest
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.layout import JobPaths
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -138,12 +139,12 @@ def test_job_env_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.chdir(tmp_path)
     env = JobEnv.from_environ({})
-    assert env == JobEnv(tmp_path, tmp_path / "checkpoints", None, None, None)
+    assert env == JobEnv(tmp_path, tmp_path / JobPaths.CHECKPOINTS, None, None, None)
     assert not env.recording
 
     given = JobEnv.from_environ({env_vars.OUTPUT_DIR: ""}, default_output_dir=tmp_path / "out")
     assert given.output_dir == tmp_path / "out"
-    assert given.checkpoint_dir == tmp_path / "out" / "checkpoints"
+    assert given.checkpoint_dir == tmp_path / "out" / JobPaths.CHECKPOINTS
 
 
 def test_job_env_explicit_values(tmp_path: Path) -> None:

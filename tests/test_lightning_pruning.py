@@ -8,6 +8,7 @@ import warnings
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -84,23 +85,37 @@ def test_a_good_trial_runs_every_epoch(tmp_path: Path) -> None:
     assert env_vars.PRUNED_AT_EPOCH_ATTR not in trial.system_attrs
 
 
-def test_a_missing_metric_names_it_and_the_available_ones(tmp_path: Path) -> None:
+def test_a_missing_metric_warns_once_naming_the_logged_ones_and_the_fit_goes_on(
+    tmp_path: Path,
+) -> None:
     from furcate_hydra.lightning import OptunaPruning
     from tests.lightning_helpers import run_fit, standalone_env
 
     url, number = study_with_one_complete_trial(tmp_path, intermediate=1.0)
     pruning = OptunaPruning(url, STUDY, number, "val_acc")
-    with pytest.raises(FurcateConfigError, match=r"val_acc.*available: \[.*'val_loss'"):
-        run_fit(standalone_env(tmp_path), max_epochs=2, callbacks=[pruning])
+    with pytest.warns(UserWarning, match=r"monitor='val_acc' is not among .*val_loss") as caught:
+        _, result = run_fit(standalone_env(tmp_path), max_epochs=3, callbacks=[pruning])
+    assert result.epochs_completed == 3
+    assert len([w for w in caught if "val_acc" in str(w.message)]) == 1
+    assert pruning.reported == {} and not pruning.pruned
 
 
-def test_from_environ_is_none_outside_the_optuna_sweeper() -> None:
+def test_from_environ_outside_the_optuna_sweeper_is_a_callback_that_does_nothing(
+    tmp_path: Path,
+) -> None:
+    import lightning.pytorch as L
+
     from furcate_hydra.lightning import OptunaPruning
+    from tests.lightning_helpers import OPTIONS
 
-    assert OptunaPruning.from_environ({}) is None
-    assert (
-        OptunaPruning.from_environ({env_vars.OPTUNA_STORAGE: "", env_vars.OPTUNA_STUDY: ""}) is None
-    )
+    assert not OptunaPruning.from_environ({}).active
+    empty = {env_vars.OPTUNA_STORAGE: "", env_vars.OPTUNA_STUDY: ""}
+    assert not OptunaPruning.from_environ(empty).active
+    # a single run that shares the callbacks config: a Trainer of either namespace takes it
+    idle: Any = OptunaPruning.from_environ({})  # typed as pytorch_lightning's Callback
+    trainer: Any = L.Trainer(max_epochs=1, callbacks=[idle], default_root_dir=tmp_path, **OPTIONS)
+    assert idle in trainer.callbacks
+    assert not idle.report(1.0, 0)
 
 
 def test_from_environ_builds_the_callback_and_its_pruner() -> None:

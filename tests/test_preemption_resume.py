@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
+from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
 from tests.process_helpers import killed_if_left, start_sweep
@@ -33,7 +34,7 @@ SLOW_JOB = "1"
 
 
 def rows(tmp_path: Path, sweep: str = "sweep") -> list[dict[str, int]]:
-    log = tmp_path / sweep / SLOW_JOB / "checkpoints" / "executed.jsonl"
+    log = tmp_path / sweep / SLOW_JOB / JobPaths.CHECKPOINTS / "executed.jsonl"
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
@@ -95,7 +96,7 @@ def test_a_lost_machine_resumes_from_the_last_step_checkpoint(
 ) -> None:
     every = 3
     options = [*SWEEP, f"hydra.launcher.checkpoint_every_n_steps={every}"]
-    pointer_path = tmp_path / "sweep" / SLOW_JOB / "checkpoints" / "last.json"
+    pointer_path = tmp_path / "sweep" / SLOW_JOB / JobPaths.CHECKPOINTS / "last.json"
 
     def mid_epoch_checkpoint_saved() -> bool:
         if len(rows(tmp_path)) < 11 or not pointer_path.exists():
@@ -146,6 +147,8 @@ def test_the_launchers_own_sigterm_saves_but_is_not_a_preemption(
     assert slow.info.status == "KILLED"
     assert Tags.PREEMPTIONS not in slow.data.tags
     # the job still saved where it was when the launcher's SIGTERM came: a rerun resumes there
-    pointer = json.loads((tmp_path / "sweep" / SLOW_JOB / "checkpoints" / "last.json").read_text())
+    pointer = json.loads(
+        (tmp_path / "sweep" / SLOW_JOB / JobPaths.CHECKPOINTS / "last.json").read_text()
+    )
     assert pointer["batch"] is not None
     assert pointer["global_step"] == first[-1]["step"] + 1

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
+from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
 from tests.store_helpers import job_runs, sweep_runs
@@ -62,7 +63,7 @@ def wait_for(condition: Callable[[], bool], process: subprocess.Popen[str], what
 
 def mid_training(tmp_path: Path, uri: str, name: str) -> Callable[[], bool]:
     """Job 0 is FINISHED in the store and job 1 has saved at least two epochs."""
-    pointer = tmp_path / name / "1" / "checkpoints" / "last.json"
+    pointer = tmp_path / name / "1" / JobPaths.CHECKPOINTS / "last.json"
 
     def ready() -> bool:
         if not pointer.exists() or json.loads(pointer.read_text())["epoch"] < 1:
@@ -73,7 +74,7 @@ def mid_training(tmp_path: Path, uri: str, name: str) -> Callable[[], bool]:
 
 
 def executed(tmp_path: Path, name: str) -> list[dict[str, Any]]:
-    log = tmp_path / name / "1" / "checkpoints" / "executed.jsonl"
+    log = tmp_path / name / "1" / JobPaths.CHECKPOINTS / "executed.jsonl"
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -105,9 +106,9 @@ def test_interrupted_job_resumes_from_its_checkpoint(
 ) -> None:
     process = start_sweep(tmp_path, "first")
     wait_for(mid_training(tmp_path, mlflow_store, "first"), process, "job 1 to be mid-training")
-    saved_epoch = json.loads((tmp_path / "first" / "1" / "checkpoints" / "last.json").read_text())[
-        "epoch"
-    ]
+    saved_epoch = json.loads(
+        (tmp_path / "first" / "1" / JobPaths.CHECKPOINTS / "last.json").read_text()
+    )["epoch"]
     interrupt(process, how)
     before = {r.data.tags[Tags.FINGERPRINT]: r for r in job_runs(mlflow_store)}
     interrupted = next(r for r in before.values() if r.info.status != "FINISHED")
@@ -125,8 +126,8 @@ def test_interrupted_job_resumes_from_its_checkpoint(
     assert skipped["skipped"] is True
     assert skipped["recorded_output_dir"] == str(tmp_path / "first" / "0")
     # the resumed job's dir links to its run's checkpoints, which stay where they were made
-    link = tmp_path / "second" / "1" / "checkpoints"
-    assert link.is_symlink() and link.resolve() == (tmp_path / "first" / "1" / "checkpoints")
+    link = tmp_path / "second" / "1" / JobPaths.CHECKPOINTS
+    assert link.is_symlink() and link.resolve() == (tmp_path / "first" / "1" / JobPaths.CHECKPOINTS)
 
     # The resumed process ran only the epochs after the last checkpoint (epochs may have
     # been saved after `saved_epoch` was read, before the kill landed).
@@ -159,7 +160,7 @@ def test_corrupt_checkpoint_is_moved_aside_and_the_job_resumes_from_the_older_on
     process = start_sweep(tmp_path, "first")
     wait_for(mid_training(tmp_path, mlflow_store, "first"), process, "job 1 to be mid-training")
     interrupt(process, signal.SIGKILL)
-    checkpoints = tmp_path / "first" / "1" / "checkpoints"
+    checkpoints = tmp_path / "first" / "1" / JobPaths.CHECKPOINTS
     pointer = json.loads((checkpoints / "last.json").read_text())
     named = checkpoints / pointer["file"]
     named.write_bytes(b"not a checkpoint")

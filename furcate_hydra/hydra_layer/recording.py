@@ -255,6 +255,9 @@ class JobRecorder:
         if self.store is not None:
             claim = self._claims.pop(job.key)
             resumed = claim.request.resumes
+            if resumed is not None and resumed.output_dir:
+                # where the app's own checkpoints of the last attempt are
+                job.env[env_vars.RESUMED_OUTPUT_DIR] = resumed.output_dir
             if resumed is not None and resumed.checkpoint_dir:
                 # the run keeps its checkpoints where its first attempt wrote them; the new job
                 # dir points there, so its checkpoints are found beside its other outputs
@@ -542,7 +545,7 @@ def _details(job: JobRecord) -> dict[str, Any]:
 
 
 def _link_checkpoints(paths: JobPaths) -> None:
-    """``<job dir>/checkpoints`` → the run's checkpoint dir, unless the job dir has its own."""
+    """``<job dir>/resume`` → the run's checkpoint dir, unless the job dir has its own."""
     link = paths.output_dir / JobPaths.CHECKPOINTS
     if link == paths.checkpoint_dir or os.path.lexists(link):
         return

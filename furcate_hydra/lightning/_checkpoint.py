@@ -21,13 +21,11 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any
-
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import Checkpoint
+from typing import TYPE_CHECKING, Any
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.lightning._exact_resume import ExactResume, batches_done
+from furcate_hydra.lightning._namespace import CheckpointBase
 from furcate_hydra.lightning._pointer import (
     POINTER_NAME,
     TMP_RE,
@@ -45,6 +43,9 @@ from furcate_hydra.lightning._pointer import (
 from furcate_hydra.lightning._preemption import PreemptionWatch
 from furcate_hydra.preemption import JobPreempted
 
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
 __all__ = [
     "POINTER_NAME",
     "AtomicCheckpoint",
@@ -56,7 +57,7 @@ __all__ = [
 ]
 
 
-class AtomicCheckpoint(Checkpoint):
+class AtomicCheckpoint(CheckpointBase):
     """Save checkpoints, never leaving a half-written one, and keep only what resuming needs.
 
     It is a ``Checkpoint`` so that Lightning runs it last at epoch end: after the epoch's

@@ -17,15 +17,17 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
 
 from furcate_hydra.known_warnings import ignore_lightning_mid_epoch_resume
+from furcate_hydra.lightning._namespace import PYTORCH_LIGHTNING, CallbackBase, namespace_of
 from furcate_hydra.lightning._resumable_data import ResumableBatchSampler, make_resumable
 from furcate_hydra.lightning._rng import capture_rng, restore_rng
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 __all__ = ["ExactResume", "ResumeNotExactWarning", "batches_done", "run_seed"]
 
@@ -36,7 +38,7 @@ class ResumeNotExactWarning(UserWarning):
     """The training data cannot resume mid-epoch: a resumed job repeats its epoch's start."""
 
 
-class ExactResume(Callback):
+class ExactResume(CallbackBase):
     """Make the train data resumable and carry its position and the RNG states in checkpoints.
 
     Args:
@@ -84,7 +86,8 @@ class ExactResume(Callback):
             result: ResumableBatchSampler | str = "is split across processes (distributed)"
             remade = loader
         else:
-            remade, result = make_resumable(loader, self.seed)
+            namespace = namespace_of(self._trainer)
+            remade, result = make_resumable(loader, self.seed, str(namespace or PYTORCH_LIGHTNING))
         if isinstance(result, str):
             self.batches, self.not_exact = None, result
             self._say_not_exact()

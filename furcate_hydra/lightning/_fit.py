@@ -11,39 +11,53 @@ after fit: plots/*.png, final.ckpt (hard link) ──► artifacts of the job's 
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Mapping
+import contextvars
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pytorch_lightning as pl
-from mlflow.tracking import MlflowClient
-from pytorch_lightning.loggers import Logger
-from pytorch_lightning.utilities.exceptions import SIGTERMException
+from typing import TYPE_CHECKING, Any
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.known_warnings import ignore_lightning_pytree_deprecation
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.lightning._banners import lightning_banners
-from furcate_hydra.lightning._checkpoint import AtomicCheckpoint
-from furcate_hydra.lightning._exact_resume import ExactResume, run_seed
-from furcate_hydra.lightning._history import MetricsHistory, scalar_metrics
+from furcate_hydra.lightning._history import scalar_metrics
 from furcate_hydra.lightning._job_env import JobEnv
-from furcate_hydra.lightning._logger import RunBoundMLFlowLogger
-from furcate_hydra.lightning._plots import PLOTS_DIR, plot_history
-from furcate_hydra.lightning._pointer import resume_point
-from furcate_hydra.lightning._preemption import PreemptionWatch
-from furcate_hydra.lightning._progress import ProgressFile
-from furcate_hydra.lightning._pruning import OptunaPruning
+from furcate_hydra.lightning._job_training import CHECKPOINT_ARTIFACT_DIR, JobTraining
+from furcate_hydra.lightning._logger import bound_logger
+from furcate_hydra.lightning._namespace import namespace_of, namespaces_of, trainer_namespace
 from furcate_hydra.lightning._tracemalloc import TracemallocDiff, check_top
-from furcate_hydra.preemption import JobPreempted
 
-__all__ = ["CHECKPOINT_ARTIFACT_DIR", "FINAL_CHECKPOINT_NAME", "FitResult", "fit"]
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = [
+    "CHECKPOINT_ARTIFACT_DIR",
+    "FINAL_CHECKPOINT_NAME",
+    "FitResult",
+    "building_in_fit",
+    "fit",
+]
 
 FINAL_CHECKPOINT_NAME = JobPaths.FINAL_CHECKPOINT
-CHECKPOINT_ARTIFACT_DIR = JobPaths.CHECKPOINTS
+
+# set while ``fit`` builds and fits its own Trainer: the hooks that reach an app's own Trainer
+# (hydra.launcher.lightning=auto) leave that one alone, fit has given it everything
+_IN_FIT: contextvars.ContextVar[bool] = contextvars.ContextVar("furcate_in_fit", default=False)
+
+
+def building_in_fit() -> bool:
+    """True while ``fit`` builds or fits its Trainer."""
+    return _IN_FIT.get()
+
+
+@contextmanager
+def _in_fit() -> Iterator[None]:
+    token = _IN_FIT.set(True)
+    try:
+        yield
+    finally:
+        _IN_FIT.reset(token)
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,9 @@ def fit(
     ``env.checkpoint_every_s`` seconds if set, and at once on SIGTERM or SIGUSR1, after which it
     raises :class:`~furcate_hydra.preemption.JobPreempted` (the launcher re-queues the job).
 
-    The trainer gets :class:`MetricsHistory` and :class:`AtomicCheckpoint` ahead of the callbacks
+    The Trainer is of the model's Lightning namespace (``lightning.pytorch`` or
+    ``pytorch_lightning``); a datamodule or callback of the other one is refused. It gets
+    :class:`MetricsHistory` and :class:`AtomicCheckpoint` ahead of the callbacks
     in ``trainer_options``, :class:`OptunaPruning` when the Optuna sweeper launched this job as a
     trial with a monitored metric, and a :class:`RunBoundMLFlowLogger` when ``env.recording``.
     The final checkpoint is hard-linked (copied where links fail) into the output dir as
@@ -129,82 +145,57 @@ def fit(
     """
     top = check_top(tracemalloc_top)
     env = env if env is not None else JobEnv.from_environ()
+    namespace = namespace_of(model)
+    if namespace is None:
+        raise FurcateConfigError(
+            "model",
+            type(model).__qualname__,
+            "must be a LightningModule (of lightning.pytorch or pytorch_lightning)",
+            "pass an instance of your LightningModule subclass",
+        )
     options = _trainer_options(trainer_options, env)
     user_callbacks = options.pop("callbacks")
-    if top:
-        user_callbacks.append(TracemallocDiff(env.paths.tracemalloc, top))
-    history = MetricsHistory(env.output_dir)
-    every_n, every_s = env.checkpoint_every_n_steps, env.checkpoint_every_s
-    # time checkpoints are on by default under the launcher: only asked-for step ones warn
-    exact = ExactResume(run_seed(), warn_if_not_exact=every_n is not None)
-    watch = PreemptionWatch()
-    checkpoint = AtomicCheckpoint(
-        env.checkpoint_dir, every_n_steps=every_n, every_s=every_s, watch=watch, exact=exact
-    )
-    pruning = OptunaPruning.from_environ()
-    if pruning is not None:
-        user_callbacks.append(pruning)
-    logger: Logger | bool = RunBoundMLFlowLogger.from_env(env) if env.recording else False
-    ignore_lightning_pytree_deprecation()
-    found = resume_point(env.checkpoint_dir)
-    resume, resumed_at = (found[0], found[1].resumes_at) if found is not None else (None, None)
-    with lightning_banners(shown=banners):
-        trainer = pl.Trainer(
+    training = JobTraining(env, (TracemallocDiff(env.paths.tracemalloc, top),) if top else ())
+    logger = bound_logger(namespace, env) if env.recording else False
+    before, after = training.callbacks(user_callbacks)
+    with _in_fit(), lightning_banners(shown=banners):
+        trainer = namespace.trainer_class(
             **options,
             logger=logger,
-            # history first: the row of an epoch must be in the checkpoint saved for that epoch;
-            # exact next: it puts the RNG states back before anything else draws at train start
-            callbacks=[
-                history,
-                exact,
-                checkpoint,
-                ProgressFile(env.paths.progress),
-                *user_callbacks,
-            ],
+            callbacks=[*before, *user_callbacks, *after],
             # False would make Lightning reject our Checkpoint callbacks; with them present it
             # adds no ModelCheckpoint of its own
             enable_checkpointing=True,
         )
-        exact.attach(trainer)
-        watch.install()
-        try:
+        trainer_namespace(
+            trainer,
+            [
+                ("datamodule", datamodule),
+                *(("trainer_options.callbacks", c) for c in user_callbacks),
+            ],
+        )
+        resume = training.resume_from(trainer)
+        with training.fitting(trainer, namespace):
             trainer.fit(
                 model,
                 train_dataloaders=train_dataloaders,
                 val_dataloaders=val_dataloaders,
                 datamodule=datamodule,
-                ckpt_path=resume,
+                ckpt_path=resume.path if resume else None,
                 # our own files, verified by their sha256; they hold the RNG states too
                 weights_only=False,
             )
-        except SIGTERMException:
-            # Lightning's handler won the race (a signal before the watch took it back)
-            if watch.signal_name is None:
-                raise
-            raise JobPreempted(watch.signal_name, None) from None
-        finally:
-            watch.restore()
-
-    history_path = history.path
-    plots: list[Path] = []
-    kept: Path | None = None
-    if trainer.is_global_zero:
-        history.write()
-        plots = plot_history(history.rows, env.output_dir)
-        final = checkpoint.last_saved or resume
-        if final is not None:
-            kept = _link_or_copy(final, env.paths.final_checkpoint)
-        if env.tracking_uri is not None and env.run_id is not None:  # env.recording
-            _log_artifacts(MlflowClient(env.tracking_uri), env.run_id, history_path, plots, kept)
+    finished = training.finish(trainer)
+    resumed_at = resume.at if resume else None
     return FitResult(
         metrics=scalar_metrics(trainer.callback_metrics),
         epochs_completed=trainer.current_epoch,
-        resumed_from=resume,
+        resumed_from=resume.path if resume else None,
         resumed_at_epoch=None if resumed_at is None else resumed_at[0],
         resumed_at_batch=None if resumed_at is None else resumed_at[1],
-        history_path=history_path,
-        plot_paths=plots,
-        checkpoint_path=kept,
+        history_path=finished.history_path,
+        plot_paths=finished.plot_paths,
+        checkpoint_path=finished.checkpoint_path,
     )
 
 
@@ -220,40 +211,15 @@ def _trainer_options(given: Mapping[str, Any] | None, env: JobEnv) -> dict[str, 
             )
         options.pop(key, None)
     callbacks = options.get("callbacks") or []
-    if isinstance(callbacks, pl.Callback):
+    if namespaces_of(callbacks):  # one Callback, not a list
         callbacks = [callbacks]
-    if not isinstance(callbacks, list | tuple) or not all(
-        isinstance(cb, pl.Callback) for cb in callbacks
-    ):
+    if not isinstance(callbacks, list | tuple) or not all(namespaces_of(cb) for cb in callbacks):
         raise FurcateConfigError(
             "trainer_options.callbacks",
             callbacks,
             "must be a Callback or a list of them",
-            "pass instantiated pytorch_lightning callbacks",
+            "pass instantiated Lightning callbacks",
         )
     options["callbacks"] = list(callbacks)
     options.setdefault("default_root_dir", str(env.output_dir))
     return options
-
-
-def _link_or_copy(source: Path, target: Path) -> Path:
-    # via a temporary name, so an existing final.ckpt is replaced in one step
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:  # another filesystem, or one without hard links
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-    return target
-
-
-def _log_artifacts(
-    client: MlflowClient, run_id: str, history: Path, plots: list[Path], checkpoint: Path | None
-) -> None:
-    client.log_artifact(run_id, str(history))
-    for plot in plots:
-        client.log_artifact(run_id, str(plot), PLOTS_DIR)
-    if checkpoint is not None:
-        client.log_artifact(run_id, str(checkpoint), CHECKPOINT_ARTIFACT_DIR)

@@ -6,15 +6,17 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Checkpoint
-from pytorch_lightning.utilities import rank_zero_warn
+from lightning_utilities.core.rank_zero import rank_zero_warn
 
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.layout import JobPaths
+from furcate_hydra.lightning._namespace import CheckpointBase
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 __all__ = ["HISTORY_NAME", "MetricsHistory", "Row", "scalar_metrics"]
 
@@ -23,7 +25,7 @@ HISTORY_NAME = JobPaths.HISTORY
 Row = dict[str, float | int]
 
 
-class MetricsHistory(Checkpoint):
+class MetricsHistory(CheckpointBase):
     """Append ``{"epoch", "step", <metric>: float, ...}`` after every epoch to ``history.json``.
 
     A row is taken from ``trainer.callback_metrics`` once the epoch's training and validation are
@@ -53,8 +55,17 @@ class MetricsHistory(Checkpoint):
         self._validated = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from furcate_hydra.lightning._checkpoint import AtomicCheckpoint  # it imports us
+
+        # the checkpoints a job resumes from must hold the epoch's row (an app's own
+        # ModelCheckpoint saves at validation's end, before any row exists: a job resumed
+        # from the app's last.ckpt misses that epoch's row)
         checkpoints = trainer.checkpoint_callbacks
-        ahead = [type(cb).__name__ for cb in checkpoints[: checkpoints.index(self)]]
+        ahead = [
+            type(cb).__name__
+            for cb in checkpoints[: checkpoints.index(self)]
+            if isinstance(cb, AtomicCheckpoint)
+        ]
         if ahead:
             rank_zero_warn(
                 f"MetricsHistory comes after {', '.join(ahead)} in the callbacks, so the "

@@ -33,6 +33,8 @@ class JobEnv:
             None (``hydra.launcher.checkpoint_every_n_steps``).
         checkpoint_every_s: Save within an epoch every this many seconds, or None
             (``hydra.launcher.checkpoint_every_s``).
+        resumed_output_dir: For a resumed run, the job dir of its previous attempt (where
+            the app's own checkpoints of that attempt are), else None.
     """
 
     output_dir: Path
@@ -42,6 +44,7 @@ class JobEnv:
     experiment_id: str | None = None
     checkpoint_every_n_steps: int | None = None
     checkpoint_every_s: float | None = None
+    resumed_output_dir: Path | None = None
 
     @property
     def paths(self) -> JobPaths:
@@ -91,6 +94,7 @@ class JobEnv:
             checkpoint_every_s=_number(
                 env_vars.CHECKPOINT_EVERY_S, get(env_vars.CHECKPOINT_EVERY_S), float
             ),
+            resumed_output_dir=_path(get(env_vars.RESUMED_OUTPUT_DIR)),
         )
         if env.run_id is not None and env.tracking_uri is None:
             log.warning(
@@ -101,6 +105,10 @@ class JobEnv:
                 env_vars.TRACKING_URI,
             )
         return env
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(os.path.abspath(text)) if text else None
 
 
 def _number(name: str, text: str | None, kind: type[int] | type[float]) -> Any:

@@ -1,86 +1,74 @@
-"""Lightning's MLflow logger, bound to the run the launcher created and owns."""
+"""Lightning's MLflow logger, bound to the run the launcher created and owns.
+
+An ``MLFlowLogger`` of either namespace, the app's own or one furcate adds, is bound by being
+made as ``RunBound<its class>``: its own class with ``RunBinding`` in front, built with the
+job's run and store. The object is the one the app holds, its prefix and ``log_model`` stay,
+and what would break a job changes (see ``RunBinding``).
+"""
 
 from __future__ import annotations
 
 import logging
-from argparse import Namespace
+from argparse import Namespace as ArgNamespace
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_fabric.loggers.logger import rank_zero_experiment
-from lightning_fabric.utilities.logger import _convert_params, _flatten_dict
+from lightning_utilities.core.rank_zero import rank_zero_only
 from mlflow.entities import Param
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, ErrorCode
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 from pytorch_lightning.loggers import MLFlowLogger
-from pytorch_lightning.utilities import rank_zero_only
 
 from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
 from furcate_hydra.lightning._job_env import JobEnv
+from furcate_hydra.lightning._namespace import Namespace
 
-__all__ = ["RunBoundMLFlowLogger"]
+if TYPE_CHECKING:
+    from pytorch_lightning.loggers import MLFlowLogger as _LoggerBase
+else:
+    _LoggerBase = object
+
+__all__ = ["RunBinding", "RunBoundMLFlowLogger", "bound_class", "bound_logger", "job_arguments"]
 
 log = logging.getLogger(__name__)
 
 _BATCH = 100  # MLflow's limit of params per log_batch
 _CONFLICT = ErrorCode.Name(INVALID_PARAMETER_VALUE)
 _EPOCH = "epoch"  # the key Lightning's logger connector adds to what it logs
+# tags of the run that are MLflow's or the launcher's: an app's logger tags never replace them
+_OWNED_TAG_PREFIXES = ("mlflow.", "furcate.")
 
 
-class RunBoundMLFlowLogger(MLFlowLogger):
-    """Log a job's metrics and hyperparameters into an existing MLflow run, and never end it.
-
-    Differences from ``MLFlowLogger`` (whose constructor only builds a client; given a
-    ``run_id``, its ``experiment`` fetches that run instead of creating one, but also sets
-    MLflow's process-wide tracking URI):
+class RunBinding(_LoggerBase):
+    """What changes in an ``MLFlowLogger`` bound to a job's run (a mixin in front of its class).
 
     * ``experiment`` only fetches the bound run (failing loudly if it does not exist) and takes
       its experiment id; it has no path that creates an experiment or a run, and leaves MLflow's
-      global tracking URI alone.
-    * ``finalize`` does not call ``set_terminated``: the launcher sets FINISHED/FAILED/KILLED
-      after the process exits, from how it exited.
+      global tracking URI alone. The app's own logger ``tags`` are set on the run, except keys
+      the run already has.
+    * ``finalize`` does not end the run: the launcher sets FINISHED/FAILED/KILLED after the
+      process exits, from how it exited. Checkpoints the app asked to log (``log_model``) still
+      are.
     * ``log_hyperparams`` logs only params the run lacks. The launcher already logged the config
-      and MLflow refuses to change a param's value, so an existing key is skipped (a different
-      value is logged at DEBUG) instead of failing the fit.
+      and MLflow refuses to change a param's value (``['dev']`` against ``["dev"]``, ``None``
+      against ``null``), so an existing key is skipped (a different value is logged at DEBUG)
+      instead of failing the fit.
     * Logging is synchronous: a job ends with ``os._exit``, which would drop MLflow's async
       queue, and the launcher reads the run as soon as the process is gone.
     * ``epoch``, which Lightning adds to every batch of metrics it logs, is logged once per
       step: the epoch's validation and training metrics come at the same step, and the second
       point would say nothing new. That series is what MLflow's charts can use as their x axis
       (``X axis: Metric, epoch``) instead of the global step.
-
-    Args:
-        tracking_uri: The run's tracking URI. Always passed: ``MLFlowLogger``'s default is read from
-            the environment when Lightning is imported, which in a forked job is the server's.
-        run_id: The existing run to log into.
-        prefix: Put before every metric key, as in ``MLFlowLogger``.
     """
 
-    def __init__(self, tracking_uri: str, run_id: str, *, prefix: str = "") -> None:
-        # Before MLFlowLogger builds its client: on a database URI that loads MLflow's SQL
-        # store, which warns (in the job, the first thing to touch the store is this logger).
-        ignore_mlflow_sqlalchemy_deprecation()
-        super().__init__(
-            tracking_uri=tracking_uri,
-            run_id=run_id,
-            prefix=prefix,
-            log_model=False,
-            synchronous=True,
-        )
-        self._bound_run_id = run_id
-        self._epoch_logged: tuple[int, float] | None = None  # (step, epoch) last logged
+    _epoch_logged: tuple[int, float] | None = None  # (step, epoch) last logged
 
-    @classmethod
-    def from_env(cls, env: JobEnv) -> RunBoundMLFlowLogger:
-        """The logger for ``env``'s run; ``env.recording`` must be true."""
-        if env.tracking_uri is None or env.run_id is None:
-            raise ValueError(
-                f"JobEnv is not bound to an MLflow run ({env.tracking_uri=}, {env.run_id=}); "
-                "check env.recording before building a RunBoundMLFlowLogger."
-            )
-        return cls(env.tracking_uri, env.run_id)
+    @property
+    def _bound_run_id(self) -> str:
+        return str(self._run_id)  # given to MLFlowLogger.__init__ as run_id
 
     @property
     @rank_zero_experiment
@@ -89,7 +77,17 @@ class RunBoundMLFlowLogger(MLFlowLogger):
             run = self._mlflow_client.get_run(self._bound_run_id)
             self._experiment_id = run.info.experiment_id
             self._initialized = True
+            self._tag_run(run.data.tags)
         return self._mlflow_client
+
+    def _tag_run(self, existing: Mapping[str, str]) -> None:
+        tags = {
+            str(key): str(value)
+            for key, value in (self.tags or {}).items()
+            if str(key) not in existing and not str(key).startswith(_OWNED_TAG_PREFIXES)
+        }
+        for key, value in tags.items():
+            self._mlflow_client.set_tag(self._bound_run_id, key, value, synchronous=True)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -103,7 +101,9 @@ class RunBoundMLFlowLogger(MLFlowLogger):
             super().log_metrics(metrics, step)
 
     @rank_zero_only
-    def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
+    def log_hyperparams(self, params: dict[str, Any] | ArgNamespace) -> None:
+        from lightning_fabric.utilities.logger import _convert_params, _flatten_dict
+
         run_id = self._bound_run_id
         existing = self.experiment.get_run(run_id).data.params
         fresh: list[Param] = []
@@ -137,7 +137,68 @@ class RunBoundMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
-        # The base class would log ModelCheckpoint files (off here: log_model=False, and fit logs
-        # its own checkpoint) and end the run; the launcher ends it. With synchronous logging
-        # nothing is left to flush.
-        return None
+        # The launcher ends the run. Checkpoints the app asked for (log_model) still go up.
+        callback = getattr(self, "_checkpoint_callback", None)
+        if self._initialized and self._log_model and callback is not None:
+            self._scan_and_log_checkpoints(callback)
+
+
+_BOUND_CLASSES: dict[type, type] = {}
+
+
+def bound_class(cls: type) -> type:
+    """``RunBound<cls>``: the ``MLFlowLogger`` class ``cls`` with ``RunBinding`` in front, made
+    once per class. Build it with ``job_arguments``' tracking URI and run id."""
+    if cls not in _BOUND_CLASSES:
+        name = f"RunBound{cls.__name__}"
+        _BOUND_CLASSES[cls] = type(name, (RunBinding, cls), {"__module__": cls.__module__})
+    return _BOUND_CLASSES[cls]
+
+
+def job_arguments(env: JobEnv) -> dict[str, Any]:
+    """The ``MLFlowLogger`` arguments that point a logger at ``env``'s run and store."""
+    if env.tracking_uri is None or env.run_id is None:
+        raise ValueError(
+            f"JobEnv is not bound to an MLflow run ({env.tracking_uri=}, {env.run_id=}); "
+            "check env.recording before binding an MLflow logger."
+        )
+    return {"tracking_uri": env.tracking_uri, "run_id": env.run_id, "synchronous": True}
+
+
+def bound_logger(namespace: Namespace, env: JobEnv) -> Any:
+    """A new ``MLFlowLogger`` of ``namespace``, bound to ``env``'s run; ``env.recording``."""
+    arguments = job_arguments(env)
+    # before the logger builds its client: on a database URI that loads MLflow's SQL store,
+    # which warns (in the job, the first thing to touch the store is this logger)
+    ignore_mlflow_sqlalchemy_deprecation()
+    return bound_class(namespace.mlflow_logger_class)(**arguments, log_model=False)
+
+
+class RunBoundMLFlowLogger(RunBinding, MLFlowLogger):
+    """A ``pytorch_lightning`` ``MLFlowLogger`` bound to an existing run (see ``RunBinding``).
+
+    For a Trainer of the app's own making in that namespace; ``fit`` and furcate jobs bind a
+    logger of whichever namespace the app's Trainer is.
+
+    Args:
+        tracking_uri: The run's tracking URI. Always passed: ``MLFlowLogger``'s default is read from
+            the environment when Lightning is imported, which in a forked job is the server's.
+        run_id: The existing run to log into.
+        prefix: Put before every metric key, as in ``MLFlowLogger``.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str, *, prefix: str = "") -> None:
+        ignore_mlflow_sqlalchemy_deprecation()
+        super().__init__(
+            tracking_uri=tracking_uri,
+            run_id=run_id,
+            prefix=prefix,
+            log_model=False,
+            synchronous=True,
+        )
+
+    @classmethod
+    def from_env(cls, env: JobEnv) -> RunBoundMLFlowLogger:
+        """The logger for ``env``'s run; ``env.recording`` must be true."""
+        arguments = job_arguments(env)
+        return cls(arguments["tracking_uri"], arguments["run_id"])

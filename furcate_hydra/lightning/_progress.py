@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-
-import pytorch_lightning as pl
-from pytorch_lightning.callbacks import Checkpoint
+from typing import TYPE_CHECKING
 
 from furcate_hydra.lightning._history import scalar_metrics
+from furcate_hydra.lightning._namespace import CheckpointBase
 from furcate_hydra.progress import write_progress
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 __all__ = ["ProgressFile"]
 
 
-class ProgressFile(Checkpoint):
+class ProgressFile(CheckpointBase):
     """Rewrite ``path`` after each validation and epoch, and every ``every_s`` during an epoch.
 
     A ``Checkpoint`` only for hook order, as :class:`MetricsHistory`: Lightning runs checkpoint

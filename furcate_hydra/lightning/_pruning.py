@@ -23,17 +23,20 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import optuna
-import pytorch_lightning as pl
 import sqlalchemy.exc
 from optuna.pruners import BasePruner
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.lightning._namespace import CallbackBase
 from furcate_hydra.tuning.proxy import open_job_storage
 from furcate_hydra.tuning.pruners import pruner_from_spec
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 __all__ = ["OptunaPruning"]
 
@@ -42,12 +45,17 @@ _LOCKED_RETRIES = 5
 T = TypeVar("T")
 
 
-class OptunaPruning(pl.Callback):
+class OptunaPruning(CallbackBase):
     """Report ``monitor`` after each validation to a RUNNING trial; stop training when pruned.
+
+    Outside a trial of the Optuna sweeper (``from_environ`` in a callbacks config shared with
+    single runs) it is inactive and does nothing. A ``monitor`` the job never logs warns once,
+    naming the metrics it does log, and the trial is not pruned.
 
     Args:
         storage: Optuna RDB storage URL, e.g. ``sqlite:///optuna.db``, or the sweeper's
-            gRPC proxy in front of it, ``grpc://HOST:PORT`` (jobs on other machines).
+            gRPC proxy in front of it, ``grpc://HOST:PORT`` (jobs on other machines); None:
+            inactive.
         study_name: The study the trial belongs to.
         trial_number: ``Trial.number`` of the RUNNING trial the sweeper asked for this job.
         monitor: Key in ``trainer.callback_metrics`` to report, e.g. ``val_loss``.
@@ -66,10 +74,10 @@ class OptunaPruning(pl.Callback):
 
     def __init__(
         self,
-        storage: str,
-        study_name: str,
-        trial_number: int,
-        monitor: str,
+        storage: str | None,
+        study_name: str = "",
+        trial_number: int = -1,
+        monitor: str = "",
         pruner: BasePruner | None = None,
     ) -> None:
         self.storage = storage
@@ -83,15 +91,22 @@ class OptunaPruning(pl.Callback):
         self._trial_id = -1
         self._storage: optuna.storages.BaseStorage | None = None
         self._multi_objective = False
+        self._monitor_missing = False
 
     @property
     def pruned(self) -> bool:
         """True once the pruner asked this trial to stop."""
         return self.pruned_at_epoch is not None
 
+    @property
+    def active(self) -> bool:
+        """False outside a trial of the Optuna sweeper: the callback then does nothing."""
+        return self.storage is not None
+
     @classmethod
-    def from_environ(cls, env: Mapping[str, str] | None = None) -> OptunaPruning | None:
-        """The callback the Optuna sweeper asked for, or None for a job it did not launch.
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> OptunaPruning:
+        """The callback the Optuna sweeper asked for; inactive (it does nothing) in a job or
+        run it did not launch, so one callbacks config serves sweeps and single runs.
 
         Raises:
             FurcateConfigError: Only some of the variables are set, or one is malformed.
@@ -106,7 +121,7 @@ class OptunaPruning(pl.Callback):
         values = {name: source.get(name) or None for name in names}
         missing = [name for name, value in values.items() if value is None]
         if len(missing) == len(names):
-            return None
+            return cls(None)
         if missing:
             raise FurcateConfigError(
                 missing[0],
@@ -136,17 +151,21 @@ class OptunaPruning(pl.Callback):
         )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:
+        if trainer.sanity_checking or not self.active:
             return
         prune = False
         if trainer.is_global_zero:
-            prune = self.report(self._metric(trainer), trainer.current_epoch)
+            value = self._metric(trainer)
+            if value is not None:
+                prune = self.report(value, trainer.current_epoch)
         # every rank must stop together, or the others wait forever in their next collective
         if trainer.strategy.broadcast(prune, src=0):
             trainer.should_stop = True
 
     def report(self, value: float, epoch: int) -> bool:
         """Report ``value`` for ``epoch``; True (and recorded) when the pruner says stop."""
+        if not self.active:
+            return False
         trial = self._open()
         if trial is None:
             return False
@@ -164,22 +183,27 @@ class OptunaPruning(pl.Callback):
             )
         return True
 
-    def _metric(self, trainer: pl.Trainer) -> float:
+    def _metric(self, trainer: pl.Trainer) -> float | None:
         metrics = trainer.callback_metrics
-        if self.monitor not in metrics:
-            raise FurcateConfigError(
-                env_vars.OPTUNA_MONITOR,
-                self.monitor,
-                f"not in trainer.callback_metrics after validation; available: {sorted(metrics)}",
-                f"log {self.monitor!r} with self.log() in validation, or set "
-                "hydra.sweeper.monitor to one of those",
+        if self.monitor in metrics:
+            return float(metrics[self.monitor])
+        if not self._monitor_missing:
+            self._monitor_missing = True
+            warnings.warn(
+                f"furcate: hydra.sweeper.monitor={self.monitor!r} is not among the metrics this "
+                f"job logs after validation ({', '.join(sorted(metrics)) or 'none'}): nothing is "
+                "reported to the trial and it is never pruned. Fix: set hydra.sweeper.monitor "
+                f"to one of those, or log {self.monitor!r} with self.log() in validation.",
+                UserWarning,
+                stacklevel=2,
             )
-        return float(metrics[self.monitor])
+        return None
 
     def _open(self) -> optuna.Trial | None:
         if self._trial is not None or self._multi_objective:
             return self._trial
-        storage = _retry_locked(lambda: open_job_storage(self.storage, env_vars.OPTUNA_STORAGE))
+        url = str(self.storage)
+        storage = _retry_locked(lambda: open_job_storage(url, env_vars.OPTUNA_STORAGE))
         study = _retry_locked(
             lambda: optuna.load_study(
                 study_name=self.study_name,

@@ -15,15 +15,13 @@ left as it is, with the reason, and resumes at the epoch boundary.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import random
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from lightning_fabric.utilities.data import _reinstantiate_wrapped_cls
-from pytorch_lightning.trainer.states import RunningStage
-from pytorch_lightning.utilities.data import _get_dataloader_init_args_and_kwargs
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -33,6 +31,8 @@ from torch.utils.data import (
     SequentialSampler,
     get_worker_info,
 )
+
+from furcate_hydra.lightning._namespace import PYTORCH_LIGHTNING
 
 __all__ = ["ResumableBatchSampler", "ResumableSampler", "make_resumable"]
 
@@ -113,9 +113,12 @@ class ResumableBatchSampler(BatchSampler):
             yield batch
 
 
-def make_resumable(loader: object, seed: int) -> tuple[Any, ResumableBatchSampler | str]:
+def make_resumable(
+    loader: object, seed: int, namespace: str = PYTORCH_LIGHTNING
+) -> tuple[Any, ResumableBatchSampler | str]:
     """``loader`` remade with a :class:`ResumableBatchSampler`, or ``loader`` itself and why
-    it cannot be (in words, for a warning)."""
+    it cannot be (in words, for a warning). ``namespace``: the Trainer's, whose helpers remake
+    the loader from the arguments its ``fit`` recorded."""
     if not isinstance(loader, DataLoader):
         return loader, f"it is a {type(loader).__name__}, not one torch DataLoader"
     if isinstance(loader.dataset, IterableDataset):
@@ -132,8 +135,11 @@ def make_resumable(loader: object, seed: int) -> tuple[Any, ResumableBatchSample
     batch_size, drop_last = loader.batch_sampler.batch_size, loader.batch_sampler.drop_last
     order = ResumableSampler(len(sampler), isinstance(sampler, RandomSampler), seed)
     batches = ResumableBatchSampler(order, batch_size, drop_last)
+    # the Trainer's own helpers, which read the arguments its fit recorded for the loader
+    data = importlib.import_module(f"{namespace}.utilities.data")
+    training = importlib.import_module(f"{namespace}.trainer.states").RunningStage.TRAINING
     try:
-        args, kwargs = _get_dataloader_init_args_and_kwargs(loader, order, RunningStage.TRAINING)
+        args, kwargs = data._get_dataloader_init_args_and_kwargs(loader, order, training)
         kwargs.update(
             sampler=None,
             shuffle=False,
@@ -142,6 +148,6 @@ def make_resumable(loader: object, seed: int) -> tuple[Any, ResumableBatchSample
             drop_last=False,
             generator=torch.Generator().manual_seed(mix_seed(seed, "loader")),
         )
-        return _reinstantiate_wrapped_cls(loader, *args, **kwargs), batches
+        return data._reinstantiate_wrapped_cls(loader, *args, **kwargs), batches
     except Exception as exc:  # a DataLoader subclass Lightning cannot remake either
         return loader, f"it cannot be made again with another sampler ({exc})"

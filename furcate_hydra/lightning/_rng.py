@@ -1,7 +1,10 @@
 """The random-number states that dropout and augmentation draw from, saved and put back.
 
 Lightning's checkpoint holds none of them, so a resumed fit would draw other dropout masks and
-other augmentations than the uninterrupted one from the same point on.
+other augmentations than the uninterrupted one from the same point on. They are kept as
+tensors, numbers and strings only: every checkpoint of the fit carries them (the app's own
+too), and ``torch.load(weights_only=True)``, Lightning's default when an app loads one,
+refuses anything else (numpy's state is an ndarray).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ def capture_rng() -> dict[str, Any]:
     initialise it), numpy's global one and Python's ``random``."""
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": _numpy_state(),
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -32,8 +35,21 @@ def restore_rng(states: dict[str, Any]) -> None:
     """Put back what ``capture_rng`` took; a CUDA state is applied only where CUDA is in use
     with as many devices as when it was taken (a job sees one GPU, on any machine)."""
     torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
+    kind, keys, *rest = states["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
     random.setstate(states["python"])
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
+
+
+def _numpy_state() -> tuple[Any, ...]:
+    state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
+    kind, keys, position, has_gauss, cached = state
+    return (
+        str(kind),
+        torch.from_numpy(keys.astype(np.int64)),
+        int(position),
+        int(has_gauss),
+        float(cached),
+    )

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import tracemalloc
 from pathlib import Path
-from typing import Any
-
-import pytorch_lightning as pl
+from typing import TYPE_CHECKING, Any
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.lightning._namespace import CallbackBase
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
 
 __all__ = ["TracemallocDiff", "check_top"]
 
@@ -42,7 +44,7 @@ def check_top(top: object) -> int:
     return top
 
 
-class TracemallocDiff(pl.Callback):
+class TracemallocDiff(CallbackBase):
     """Appends each training epoch's top ``top`` allocation growths to ``path`` (rank zero)."""
 
     def __init__(self, path: Path, top: int) -> None:
