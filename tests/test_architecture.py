@@ -65,6 +65,13 @@ RULES = (
         (*SHARED, ENV_VARS, "furcate_hydra.lightning", "furcate_hydra.tuning"),
         HYDRA,
     ),
+    # hydra.launcher.lightning=auto: light for the launcher's side; the Lightning layer only
+    # inside functions, once the job imported Lightning (test below)
+    Rule(
+        "furcate_hydra/lightning_auto",
+        (*SHARED, ENV_VARS, "furcate_hydra.lightning_auto", "furcate_hydra.lightning"),
+        (*HYDRA, *HEAVY),
+    ),
     # the furcate command: reads stores and sweep dirs, where the sweep's code need not run
     Rule(
         "furcate_hydra/cli",
@@ -84,6 +91,7 @@ RULES = (
             "furcate_hydra.tracing",
             "furcate_hydra.ray_backend",
             "furcate_hydra.hydra_layer",
+            "furcate_hydra.lightning_auto",
         ),
         ("torch", "pytorch_lightning", "ray"),
     ),
@@ -123,6 +131,24 @@ def violations(folder: str, allowed: tuple[str, ...], forbidden: tuple[str, ...]
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.folder)
 def test_each_layer_imports_only_what_it_may(rule: Rule) -> None:
     assert violations(rule.folder, rule.project, rule.forbidden) == []
+
+
+def test_lightning_auto_imports_the_lightning_layer_only_inside_functions() -> None:
+    top_level = []
+    for path in sorted((REPO / "furcate_hydra/lightning_auto").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "furcate_hydra.lightning."
+            ):
+                top_level.append(f"{path.name} imports {node.module}")
+    assert top_level == []
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, furcate_hydra.lightning_auto as a; "
+         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+         f"{(*HEAVY, 'lightning')!r} or m.startswith('furcate_hydra.lightning.')))"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    ).stdout.strip()  # fmt: skip
+    assert loaded == "[]"
 
 
 def test_the_shared_modules_import_no_layer_and_no_hydra() -> None:

@@ -18,6 +18,8 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from furcate_hydra.lightning_auto import install_for_job
+
 __all__ = ["HydraJobContext", "JobOutcome", "RemoteTraceback", "job_payload"]
 
 
@@ -101,6 +103,8 @@ class _GatedCallbacks(Callbacks):
         self._gate()
         # the slot's variables are in place now; hydra.job.env_set still has the last word
         os.environ.update({str(k): str(v) for k, v in config.hydra.job.env_set.items()})
+        # hydra.launcher.lightning=auto: a Trainer the task builds gets what fit gives
+        install_for_job()
         super().on_job_start(config, task_function=task_function, **kwargs)
 
 

@@ -123,7 +123,7 @@ class LaunchSession:
         self.tracer: ResourceTracer | None = None
         self.summary = SweepSummary()
         self.fail_fast = options.fail_fast
-        self._job_env = options.checkpoints.job_env()  # every job's, before its own
+        self._job_env = options.training.job_env()  # every job's, before its own
         self._failing_fast: str | None = None  # why no more jobs start (fail_fast)
         self._stopped_note: tuple[int, int] | None = None  # queued and running jobs then
         self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back

@@ -18,11 +18,12 @@ from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.local_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
+from furcate_hydra.lightning_auto import AUTO, MODES
 from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.ray_backend.options import Backend, RayOptions
 from furcate_hydra.store import CodeChange, Rerun
 
-__all__ = ["CheckpointOptions", "LauncherOptions", "ProgressOptions", "StoreOptions"]
+__all__ = ["LauncherOptions", "ProgressOptions", "StoreOptions", "TrainingOptions"]
 
 # Sampling a job's processes more often than this costs CPU and shows nothing more.
 MIN_TRACE_INTERVAL_S = 0.1
@@ -87,15 +88,17 @@ class ProgressOptions:
 
 
 @dataclass(frozen=True)
-class CheckpointOptions:
-    """How often jobs that train through ``fit`` checkpoint within an epoch
+class TrainingOptions:
+    """What a job's Lightning training gets: whether a Trainer the task builds itself gets what
+    ``fit`` gives (``hydra.launcher.lightning``), and how often jobs checkpoint within an epoch
     (``hydra.launcher.checkpoint_every_n_steps``, ``checkpoint_every_s``)."""
 
     every_n_steps: int | None
     every_s: float | None
+    lightning: str = AUTO
 
     @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> CheckpointOptions:
+    def parse(cls, options: Mapping[str, Any]) -> TrainingOptions:
         steps, seconds = options["checkpoint_every_n_steps"], options["checkpoint_every_s"]
         if steps is not None and (
             isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
@@ -109,11 +112,21 @@ class CheckpointOptions:
             )
         if seconds is not None:
             seconds = positive_seconds("hydra.launcher.checkpoint_every_s", seconds, 300)
-        return cls(steps, seconds)
+        lightning = options["lightning"]
+        if lightning not in MODES:
+            raise FurcateConfigError(
+                "hydra.launcher.lightning",
+                lightning,
+                f"must be one of {', '.join(MODES)}",
+                "set hydra.launcher.lightning=auto (a Trainer the task builds gets resume, "
+                "preemption, MLflow metrics, progress and pruning) or off (leave it alone)",
+            )
+        return cls(steps, seconds, lightning)
 
     def job_env(self) -> dict[str, str]:
-        """The variables that tell a job (``JobEnv``) the cadence; unset ones are left out."""
-        env = {}
+        """The variables that tell a job (``JobEnv``, ``lightning_auto``) what it gets; unset
+        cadences are left out."""
+        env = {env_vars.LIGHTNING: self.lightning}
         if self.every_n_steps is not None:
             env[env_vars.CHECKPOINT_EVERY_N_STEPS] = str(self.every_n_steps)
         if self.every_s is not None:
@@ -130,7 +143,7 @@ class LauncherOptions:
     store: StoreOptions
     progress: ProgressOptions
     fail_fast: bool
-    checkpoints: CheckpointOptions
+    training: TrainingOptions
     # seconds between samples of each running job's resources; 0: no trace
     trace_interval_s: float
     backend: Backend = Backend.LOCAL
@@ -146,7 +159,7 @@ class LauncherOptions:
                 StoreOptions.parse(options),
                 ProgressOptions.parse(options),
                 _flag(options, "fail_fast"),
-                CheckpointOptions.parse(options),
+                TrainingOptions.parse(options),
                 _trace_interval(options["trace_interval_s"]),
                 Backend.parse(options["backend"]),
                 RayOptions.parse(plain(options["ray"])),

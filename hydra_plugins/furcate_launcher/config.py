@@ -69,7 +69,10 @@ class FurcateLauncherConf:
     # from outside the launcher: it saved a checkpoint and resumes from it), up to this many
     # times; a whole number, 0 or more (typed Any so that a bad value gets furcate's message)
     max_preemptions: Any = 3
-    # jobs training through furcate_hydra.lightning.fit also checkpoint within an epoch after
+    # a Lightning Trainer the task builds itself gets what furcate_hydra.lightning.fit gives
+    # (resume, preemption, MLflow metrics, progress, pruning): auto; off leaves it alone
+    lightning: str = "auto"
+    # jobs training through fit or auto also checkpoint within an epoch after
     # this many optimizer steps (null: only at epoch ends; at most this many batches repeat
     # after a lost machine)
     checkpoint_every_n_steps: Optional[Any] = None

@@ -1,0 +1,84 @@
+"""``hydra.launcher.lightning: auto``: reach a Trainer the task builds itself, in its job.
+
+    job's process, before the task: install_for_job()
+      a namespace already imported (the fork server preloaded the app) ──► patched now
+      one not imported yet ──► patched right after its first import (an import hook)
+    patched: furcate_hydra.lightning._own_trainer (what a Trainer and MLflow logger get)
+
+Light on purpose: it imports neither torch nor Lightning, so the launcher's side may call it;
+the Lightning layer is loaded only once the app's own Lightning is. Which namespace the app
+uses is decided by what it imports and builds, not by what is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from furcate_hydra import env_vars
+
+__all__ = ["AUTO", "MODES", "OFF", "install_for_job"]
+
+AUTO, OFF = "auto", "off"
+MODES = (AUTO, OFF)
+# the packages whose Trainer and MLFlowLogger a job patches (lightning.pytorch's own name
+# first: its package `lightning` imports it on `import lightning as L`)
+_NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
+
+
+def install_for_job() -> None:
+    """In a job whose ``FURCATE_LIGHTNING`` is ``auto``: patch each Lightning namespace the job
+    imports, now or when it does. Anything else leaves the job alone."""
+    if os.environ.get(env_vars.LIGHTNING, OFF) != AUTO:
+        return
+    for name in _NAMESPACES:
+        if name in sys.modules:
+            _patch(name)
+    if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchAfterImport())
+
+
+def _patch(name: str) -> None:
+    # here, not at the top: the job has imported Lightning by now, the launcher never does
+    from furcate_hydra.lightning._own_trainer import install
+
+    install(name)
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Finds a Lightning namespace with the other finders, and patches it once it ran."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _NAMESPACES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Patching(spec.loader, fullname)
+                return spec
+        return None
+
+
+class _Patching(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader, name: str) -> None:
+        self.loader = loader
+        self.name = name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        _patch(self.name)
+
+    def __getattr__(self, name: str) -> object:
+        # the rest of the loader's interface (resource readers, ...) is the wrapped loader's
+        return getattr(self.loader, name)
