@@ -60,6 +60,14 @@ def run_probe_sweep(
     )
 
 
+def copy_probe_app(where: Path) -> Path:
+    """The probe app and its configs copied into ``where`` (an app of its own to edit); its
+    script. ``--config-name own_dirs`` puts its sweep dirs under logs/train/multiruns/."""
+    shutil.copytree(APPS / "conf", where / "conf")
+    shutil.copy(APPS / "probe_app.py", where / "probe_app.py")
+    return where / "probe_app.py"
+
+
 def run_optuna_study(
     tmp_path: Path, *overrides: str, sweep: str = "sweep"
 ) -> subprocess.CompletedProcess[str]:
