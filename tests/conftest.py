@@ -68,6 +68,18 @@ def copy_probe_app(where: Path) -> Path:
     return where / "probe_app.py"
 
 
+def sweep_in_own_dirs(app: Path, *overrides: str) -> tuple[Path, str]:
+    """``python probe_app.py -m --config-name own_dirs <overrides>`` in ``app`` (made by
+    ``copy_probe_app``): the sweep dir it made under logs/train/multiruns/, and its output."""
+    multiruns = app / "logs" / "train" / "multiruns"
+    before = set(multiruns.iterdir()) if multiruns.is_dir() else set()
+    script = app / "probe_app.py"
+    result = run_cli(script, "-m", "--config-name", "own_dirs", *overrides, cwd=app)
+    assert result.returncode == 0, result.stderr
+    (made,) = set(multiruns.iterdir()) - before
+    return made, result.stdout + result.stderr
+
+
 def run_optuna_study(
     tmp_path: Path, *overrides: str, sweep: str = "sweep"
 ) -> subprocess.CompletedProcess[str]:

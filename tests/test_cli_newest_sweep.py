@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from furcate_hydra.cli.main import USAGE_ERROR, main
-from tests.conftest import REPO, copy_probe_app, run_cli
+from tests.conftest import REPO, copy_probe_app, sweep_in_own_dirs
 
 # ``python -c`` this with the command's arguments: runs furcate, then says on stdout's last
 # line whether it loaded MLflow
@@ -54,23 +54,12 @@ def project(tmp_path: Path, empty_mlflow_db: Path, monkeypatch: pytest.MonkeyPat
     return where
 
 
-def sweep(project: Path, *overrides: str) -> Path:
-    """A sweep of the app in its own sweep dirs; the dir it made."""
-    multiruns = project / "logs" / "train" / "multiruns"
-    before = set(multiruns.iterdir()) if multiruns.is_dir() else set()
-    script = project / "probe_app.py"
-    result = run_cli(script, "-m", "--config-name", "own_dirs", *overrides, cwd=project)
-    assert result.returncode == 0, result.stderr
-    (made,) = set(multiruns.iterdir()) - before
-    return made
-
-
 @pytest.mark.slow  # two sweeps through the Hydra CLI, the command in a fresh interpreter twice
 def test_an_app_with_its_own_sweep_dirs_is_found_through_its_store(
     project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = f"sqlite:///{project / 'mlflow.db'}"
-    first = sweep(project, "+lr=0.1,0.2")
+    first, _ = sweep_in_own_dirs(project, "+lr=0.1,0.2")
     assert not (project / "multirun").exists()
 
     status = furcate(project, "status", "--json")
@@ -94,7 +83,7 @@ def test_an_app_with_its_own_sweep_dirs_is_found_through_its_store(
 
     # two sweeps: the newest; its dir deleted: the one before
     monkeypatch.chdir(project)
-    second = sweep(project, "+lr=0.3")
+    second, _ = sweep_in_own_dirs(project, "+lr=0.3")
     newest, said = status_here()
     assert newest["dir"] == str(second) and newest["command"] == "+lr=0.3"
     assert said == f"newest sweep in {store}: {second.relative_to(project)}\n"
