@@ -60,6 +60,26 @@ def run_probe_sweep(
     )
 
 
+def copy_probe_app(where: Path) -> Path:
+    """The probe app and its configs copied into ``where`` (an app of its own to edit); its
+    script. ``--config-name own_dirs`` puts its sweep dirs under logs/train/multiruns/."""
+    shutil.copytree(APPS / "conf", where / "conf")
+    shutil.copy(APPS / "probe_app.py", where / "probe_app.py")
+    return where / "probe_app.py"
+
+
+def sweep_in_own_dirs(app: Path, *overrides: str) -> tuple[Path, str]:
+    """``python probe_app.py -m --config-name own_dirs <overrides>`` in ``app`` (made by
+    ``copy_probe_app``): the sweep dir it made under logs/train/multiruns/, and its output."""
+    multiruns = app / "logs" / "train" / "multiruns"
+    before = set(multiruns.iterdir()) if multiruns.is_dir() else set()
+    script = app / "probe_app.py"
+    result = run_cli(script, "-m", "--config-name", "own_dirs", *overrides, cwd=app)
+    assert result.returncode == 0, result.stderr
+    (made,) = set(multiruns.iterdir()) - before
+    return made, result.stdout + result.stderr
+
+
 def run_optuna_study(
     tmp_path: Path, *overrides: str, sweep: str = "sweep"
 ) -> subprocess.CompletedProcess[str]:

@@ -185,7 +185,10 @@ def error_of(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 
 def test_a_dir_that_is_no_sweep_is_named_with_the_fix(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    unrequested_store: str,
 ) -> None:
     monkeypatch.chdir(tmp_path)
     missing = error_of(capsys, "status", "nowhere")
@@ -195,7 +198,10 @@ def test_a_dir_that_is_no_sweep_is_named_with_the_fix(
     assert "Invalid SWEEP_DIR='empty': no furcate sweep recorded there" in empty
     assert "Fix: give the sweep dir of a sweep run with hydra/launcher=furcate" in empty
     none = error_of(capsys, "report")
-    assert f"no SWEEP_DIR given, and no sweep dir under {tmp_path / 'multirun'}" in none
+    assert (
+        f"no SWEEP_DIR given, no sweep dir under {tmp_path / 'multirun'}, and no sweep in "
+        f"{unrequested_store} (MLFLOW_TRACKING_URI: no such file)"
+    ) in none
     assert "Fix: give the sweep dir" in none
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from furcate_hydra.store import (
     decide,
 )
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
-from tests.conftest import APPS, run_cli
+from tests.conftest import copy_probe_app, run_cli, sweep_in_own_dirs
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs
 
@@ -43,26 +42,74 @@ def test_a_module_outside_git_is_known_by_its_hash(tmp_path: Path) -> None:
     assert code_version(tmp_path / "missing.py") is None
 
 
-def test_a_module_in_git_is_known_by_its_commit_and_edits_by_their_hash(tmp_path: Path) -> None:
-    git(tmp_path, "init", "-q")
-    task = tmp_path / "task.py"
+def key_of(task: Path, *config_dirs: Path) -> str:
+    version = code_version(task, config_dirs)
+    assert version is not None
+    return version.key
+
+
+def test_in_git_the_code_is_every_tracked_file_as_on_disk_but_the_config_files(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "conf"
+    (conf / "model").mkdir(parents=True)
+    task, helper = tmp_path / "task.py", tmp_path / "helper.py"
     task.write_text("x = 1\n")
-    git(tmp_path, "add", "task.py")
-    git(tmp_path, "commit", "-q", "-m", "task")
+    helper.write_text("y = 1\n")
+    (conf / "app.yaml").write_text("lr: 0.1\n")
+    (conf / "model" / "small.yml").write_text("width: 8\n")
+    (tmp_path / "vocab.yaml").write_text("a: 1\n")  # beside the code: the task may read it
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "app")
     commit = git(tmp_path, "rev-parse", "HEAD")
 
-    clean = code_version(task)
-    assert clean is not None and clean.key == f"git:{commit}" and clean.git_dirty is False
-    assert clean.tags() == {Tags.CODE_VERSION: f"git:{commit}", "mlflow.source.git.commit": commit}
+    clean = code_version(task, [conf])
+    assert clean is not None and clean.key.startswith("git-code:")
+    assert (clean.git_commit, clean.git_dirty) == (commit, False)
+    assert clean.tags() == {Tags.CODE_VERSION: clean.key, "mlflow.source.git.commit": commit}
     (tmp_path / "outputs.txt").write_text("untracked files are not code changes")
-    assert code_version(task) == clean
+    assert code_version(task, [conf]) == clean
 
+    # config files: edited, added, committed, the code is the same
+    (conf / "app.yaml").write_text("lr: 0.1\nbatch_size: 32\n")
+    (conf / "model" / "small.yml").write_text("width: 16\n")
+    (conf / "model" / "big.yaml").write_text("width: 64\n")
+    assert code_version(task, [conf]) == clean  # git_dirty too: no code file differs
+    git(tmp_path, "add", "conf")
+    git(tmp_path, "commit", "-q", "-m", "configs")
+    assert key_of(task, conf) == clean.key
+    # the same files outside the app's config dirs are code
+    assert key_of(task) != clean.key
+    (tmp_path / "vocab.yaml").write_text("a: 2\n")
+    assert key_of(task, conf) != clean.key
+    git(tmp_path, "checkout", "-q", "vocab.yaml")
+    assert key_of(task, conf) == clean.key
+
+    # code files: each edit is other code; committed, the same content is the same code
+    helper.write_text("y = 2\n")
+    edited = code_version(task, [conf])
+    assert edited is not None and edited.key != clean.key and edited.git_dirty is True
+    helper.write_text("y = 3\n")
+    again = key_of(task, conf)
+    assert again not in (clean.key, edited.key)
+    git(tmp_path, "commit", "-q", "-am", "helper")
+    assert key_of(task, conf) == again
+    helper.unlink()
+    assert key_of(task, conf) not in (clean.key, edited.key, again)
+
+
+def test_an_untracked_task_module_in_git_is_code_all_the_same(tmp_path: Path) -> None:
+    (tmp_path / "other.py").write_text("z = 1\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "other.py")
+    git(tmp_path, "commit", "-q", "-m", "other")
+    task = tmp_path / "task.py"
+    task.write_text("x = 1\n")
+    before = key_of(task)
+    assert before.startswith("git-code:")
     task.write_text("x = 2\n")
-    edited = code_version(task)
-    assert edited is not None and edited.git_dirty is True
-    assert edited.key.startswith(f"git:{commit}+dirty:") and edited.key != clean.key
-    task.write_text("x = 3\n")
-    assert code_version(task) != edited  # another uncommitted edit is other code again
+    assert key_of(task) != before
 
 
 def finished(run_id: str, version: str | None) -> RunRecord:
@@ -110,8 +157,7 @@ def test_a_bad_code_change_value_is_named_with_its_fix() -> None:
 @pytest.mark.slow  # several CLI sweeps in a row
 def test_a_rerun_after_editing_the_task_warns_or_reruns(tmp_path: Path, mlflow_store: str) -> None:
     app = tmp_path / "app"
-    shutil.copytree(APPS / "conf", app / "conf")
-    shutil.copy(APPS / "probe_app.py", app / "probe_app.py")
+    copy_probe_app(app)
 
     def sweep(name: str, *overrides: str) -> str:
         result = run_cli(
@@ -138,3 +184,57 @@ def test_a_rerun_after_editing_the_task_warns_or_reruns(tmp_path: Path, mlflow_s
     versions = {r.data.tags[Tags.CODE_VERSION] for r in job_runs(mlflow_store)}
     assert len(versions) == 2 and all(v.startswith("module:") for v in versions)
     assert sorted(r.info.status for r in job_runs(mlflow_store)) == ["FINISHED"] * 4
+
+
+@pytest.mark.slow  # four CLI sweeps in a row
+def test_in_git_a_config_edit_is_no_code_change_and_a_code_edit_is(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    app = tmp_path / "app"  # its sweeps write into it, as lightning-hydra-template's do
+    copy_probe_app(app)
+    git(app, "init", "-q")
+    git(app, "add", ".")
+    git(app, "commit", "-q", "-m", "app")
+    lrs = "+lr=0.1,0.2"
+
+    first, _ = sweep_in_own_dirs(app, lrs)
+    assert sorted(ran_jobs(first)) == [0, 1]
+
+    # a config group option the jobs do not use: their configs are the same, so is the code
+    (app / "conf" / "model" / "big.yaml").write_text("hidden: 512  # wider\n")
+    (app / "conf" / "model" / "huge.yaml").write_text("hidden: 4096\n")
+    same, output = sweep_in_own_dirs(app, lrs)
+    assert not ran_jobs(same) and "skipped 2 of 2 configs" in output
+    assert "other code" not in output
+
+    # an edit that changes the jobs' configs: new configs, which run
+    probe = app / "conf" / "probe.yaml"
+    probe.write_text(probe.read_text().replace("sleep: 0.0", "sleep: 0.01"))
+    changed, output = sweep_in_own_dirs(app, lrs)
+    assert sorted(ran_jobs(changed)) == [0, 1] and "other code" not in output
+
+    with (app / "probe_app.py").open("a") as task:
+        task.write("# an edit: other code\n")
+    stale, output = sweep_in_own_dirs(app, lrs)
+    assert not ran_jobs(stale)
+    assert "2 of the 2 skipped configs were finished by other code" in output
+
+    runs = job_runs(mlflow_store)
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    versions = {r.data.tags[Tags.CODE_VERSION] for r in runs}
+    assert len(versions) == 1 and versions.pop().startswith("git-code:")
+
+
+def test_the_config_dirs_are_those_hydra_composed_from_files_and_packages(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from furcate_hydra.hydra_layer.task_code import _config_dirs
+
+    sources = [
+        {"path": "tests", "schema": "pkg", "provider": "app"},
+        {"path": str(tmp_path / "conf"), "schema": "file", "provider": "main"},
+        {"path": "", "schema": "structured", "provider": "schema"},  # no files
+        {"path": "no_such_package.conf", "schema": "pkg", "provider": "gone"},
+    ]
+    config = OmegaConf.create({"hydra": {"runtime": {"config_sources": sources}}})
+    assert _config_dirs(config) == [Path(__file__).parent, tmp_path / "conf"]

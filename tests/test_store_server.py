@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from furcate_hydra.cli.main import main
 from furcate_hydra.store import Tags
 from tests.conftest import run_probe_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
@@ -115,7 +116,11 @@ def ran(sweep: Path) -> list[str]:
 
 @pytest.mark.slow  # an mlflow server and two sweeps
 def test_a_sweep_twice_through_an_mlflow_server(
-    tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
+    tmp_path: Path,
+    mlflow_store: str,
+    empty_mlflow_db: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -165,4 +170,13 @@ def test_a_sweep_twice_through_an_mlflow_server(
         assert "skipped 2 of 2 configs" in second.stdout + second.stderr
         assert len(job_runs(server.url)) == 2
         assert len(sweep_runs(server.url)) == 2
+
+        # given no sweep dir, and none under ./multirun: the newest the server records
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        capsys.readouterr()
+        assert main(["status", "--json"]) == 0
+        found = capsys.readouterr()
+        assert json.loads(found.out)["sweep"]["dir"] == str(tmp_path / "second")
+        assert found.err == f"newest sweep in {server.url}: second\n"
     assert not group_alive(server.pgid), "mlflow server processes outlived the test"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from furcate_hydra.cli.locate import UsageError, sweep_dir_or_newest
 from furcate_hydra.errors import FurcateConfigError
@@ -31,21 +32,24 @@ def _status(args: argparse.Namespace) -> int:
     from furcate_hydra.cli.status import print_status
     from furcate_hydra.store.sweep_reader import SweepReader
 
-    reader = SweepReader(sweep_dir_or_newest(args.sweep_dir), args.tracking_uri)
+    reader = SweepReader(_sweep_dir(args), args.tracking_uri)
     print_status(reader.snapshot(), sys.stdout, as_json=args.json)
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from furcate_hydra.cli.report import write_report
     from furcate_hydra.store.sweep_reader import SweepReader
 
-    reader = SweepReader(sweep_dir_or_newest(args.sweep_dir), args.tracking_uri)
+    reader = SweepReader(_sweep_dir(args), args.tracking_uri)
     path = write_report(reader, Path(args.out) if args.out else None)
     print(f"wrote {path}")
     return 0
+
+
+def _sweep_dir(args: argparse.Namespace) -> Path:
+    # the line saying which sweep was taken goes to stderr: stdout may be --json
+    return sweep_dir_or_newest(args.sweep_dir, args.tracking_uri, sys.stderr)
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -77,7 +81,11 @@ def _parser() -> argparse.ArgumentParser:
         "read this MLflow store instead of the one the sweep dir names (a store that moved, or "
         "the same store through an mlflow server)"
     )
-    sweep_help = "the sweep's dir (hydra.sweep.dir); default: the newest sweep under ./multirun"
+    sweep_help = (
+        "the sweep's dir (hydra.sweep.dir); default: the newest sweep under ./multirun, else "
+        "the newest one the store (--tracking-uri, MLFLOW_TRACKING_URI, ./mlflow.db) records "
+        "whose dir is still there"
+    )
 
     status = commands.add_parser(
         "status",

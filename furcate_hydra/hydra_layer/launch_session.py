@@ -19,7 +19,6 @@ ended there comes back with that run's outcome; one let go there is decided and 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import re
 import signal
@@ -53,13 +52,14 @@ from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
 from furcate_hydra.hydra_layer.recording import JobRecorder
 from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK, JobRequest, JobRun
+from furcate_hydra.hydra_layer.task_code import task_code_version
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
 from furcate_hydra.reasons import one_line_reason, pruned_reason
-from furcate_hydra.store import Action, Decision, RunRecord, code_version, database_opened
+from furcate_hydra.store import Action, Decision, RunRecord, database_opened
 from furcate_hydra.store.trace_log import TraceLog
 from furcate_hydra.tracing import ResourceTracer, TracePeaks
 
@@ -103,7 +103,7 @@ class LaunchSession:
         check_job_name(config)  # it names the store's experiment
         try:
             plan = plan_for(options)
-            code = code_version(_module_file(task_function))
+            code = task_code_version(task_function, config)
             self.recorder = JobRecorder(options.store, config, code)
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
@@ -660,16 +660,6 @@ def task_overrides(overrides: Sequence[str]) -> list[str]:
     """The overrides of the task's config: Hydra's ``filter_overrides`` misses ``+hydra.*`` and
     ``++hydra.*`` (how a sweeper passes a job its environment through any launcher)."""
     return [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
-
-
-def _module_file(task_function: TaskFunction) -> Path | None:
-    """The file of the task's module: what its code version is taken from."""
-    function = inspect.unwrap(task_function)
-    try:
-        source = inspect.getsourcefile(function)
-    except TypeError:  # a builtin or a callable object without a file
-        source = None
-    return Path(source) if source else None
 
 
 def _job_config(composer: SweepComposer, request: JobRequest) -> DictConfig:

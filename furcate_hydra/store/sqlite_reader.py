@@ -1,9 +1,11 @@
-"""Read a sqlite MLflow store without MLflow: the skip check of a sweep that may run nothing.
+"""Read a sqlite MLflow store without MLflow: the skip check of a sweep that may run nothing,
+and where the store's sweeps ran.
 
     JobRecorder.prepare ──► SqliteReader.decide(fingerprints): one SELECT, as lookup.py's
                             ──► all SKIP: the rerun ends with nothing imported or started
                             ──► anything else: MLflow opens the store (RunStore) to write
     JobRecorder.flush   ──► latest_metrics of the skipped runs, for run_data.csv
+    furcate status      ──► sweep_dirs: where the store's sweeps ran, to find the newest
 
 Importing MLflow and opening its SQL store takes seconds (see BENCHMARKS.md); Python's sqlite3
 reads the same tables in milliseconds. Only reads, on a read-only connection: anything that
@@ -26,7 +28,7 @@ from furcate_hydra.store.decisions import CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, liveness
 from furcate_hydra.store.records import RunRecord, RunStatus, Tags
 
-__all__ = ["SqliteReader"]
+__all__ = ["SqliteReader", "sweep_dirs"]
 
 # Well under sqlite's limit on bound parameters per statement.
 _CHUNK = 500
@@ -48,7 +50,7 @@ class SqliteReader:
         if path.exists():
             # a store another process is creating (MLflow makes its tables in steps) is read
             # once it is made, not half made
-            with sqlite_schema_made(path), self._connection() as connection:
+            with sqlite_schema_made(path), _read_only(path) as connection:
                 row = connection.execute(
                     "SELECT experiment_id FROM experiments WHERE name = ?", (experiment_name,)
                 ).fetchone()
@@ -74,7 +76,7 @@ class SqliteReader:
             return {}
         ordered = sorted(fingerprints)
         rows: dict[str, tuple[str, str, int, dict[str, str]]] = {}
-        with self._connection() as connection:
+        with _read_only(self.path) as connection:
             for chunk in _chunks(ordered):
                 query = (
                     "SELECT r.run_uuid, r.status, r.start_time, fp.value, t.key, t.value "
@@ -101,7 +103,7 @@ class SqliteReader:
         metrics: dict[str, dict[str, float]] = {}
         if not run_ids or not self.path.exists():
             return metrics
-        with self._connection() as connection:
+        with _read_only(self.path) as connection:
             for chunk in _chunks(sorted(run_ids)):
                 query = (
                     "SELECT run_uuid, key, value, is_nan FROM latest_metrics "
@@ -113,7 +115,7 @@ class SqliteReader:
 
     def _heartbeats(self, parent_ids: set[str]) -> dict[str, float]:
         beats: dict[str, float] = {}
-        with self._connection() as connection:
+        with _read_only(self.path) as connection:
             for chunk in _chunks(sorted(parent_ids)):
                 query = (
                     "SELECT run_uuid, value FROM tags WHERE key = ? "
@@ -123,14 +125,30 @@ class SqliteReader:
                     beats[run_id] = float(value)
         return beats
 
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        uri = f"{self.path.absolute().as_uri()}?mode=ro"
-        connection = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
-        try:
-            yield connection
-        finally:
-            connection.close()
+
+def sweep_dirs(path: Path) -> list[str]:
+    """The sweep dir of each sweep run in the store at ``path`` (an existing file), newest
+    first, as the launcher recorded it (``Tags.SWEEP_DIR``: absolute)."""
+    query = (
+        "SELECT d.value FROM runs r "
+        "JOIN experiments e ON e.experiment_id = r.experiment_id "
+        "JOIN tags role ON role.run_uuid = r.run_uuid AND role.key = ? AND role.value = 'sweep' "
+        "JOIN tags d ON d.run_uuid = r.run_uuid AND d.key = ? "
+        "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active' "
+        "ORDER BY r.start_time DESC"
+    )
+    with sqlite_schema_made(path), _read_only(path) as connection:
+        return [str(row[0]) for row in connection.execute(query, (Tags.ROLE, Tags.SWEEP_DIR))]
+
+
+@contextlib.contextmanager
+def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+    uri = f"{path.absolute().as_uri()}?mode=ro"
+    connection = sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S)
+    try:
+        yield connection
+    finally:
+        connection.close()
 
 
 def _chunks(values: list[str]) -> Iterator[list[str]]:

@@ -1,24 +1,32 @@
-"""The sweeps a store holds, newest first, each with its state and its job runs per state.
+"""The sweeps a store holds, newest first, each with its state and its job runs per state;
+and where they ran, for a command given no sweep dir.
 
 A database-backed store counts every listed sweep's runs in one grouped SELECT; an MLflow
-server is asked per sweep.
+server is asked per sweep. Where a sqlite store's sweeps ran is read with sqlite3, without
+MLflow.
 """
 
 from __future__ import annotations
 
 import collections
+import sqlite3
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.records import RunRecord, RunStatus, Tags
+from furcate_hydra.store.sqlite_reader import sweep_dirs
+from furcate_hydra.store.sweep_reader import open_client
+from furcate_hydra.store.tracking_uri import TrackingUri
 
-__all__ = ["SweepSummary", "list_sweeps"]
+__all__ = ["SweepSummary", "list_sweeps", "recorded_sweep_dirs"]
 
 # the launcher's default mlflow.stale_after_s: the store does not record each sweep's
 _STALE_AFTER_S = 60.0
+_PAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,48 @@ def list_sweeps(
             )
         )
     return summaries
+
+
+def recorded_sweep_dirs(tracking: TrackingUri) -> Iterator[str]:
+    """Each sweep run's sweep dir (absolute, as the launcher tagged it), newest first; none
+    from a sqlite file that is not there.
+
+    A sqlite file is read with sqlite3, so that choosing a sweep costs no MLflow import;
+    other stores are searched page by page through MLflow, as long as the caller reads on.
+
+    Raises:
+        FurcateConfigError: Naming the store's setting, when it cannot be read.
+    """
+    path = tracking.sqlite_path
+    if path is not None:
+        if not path.is_file():
+            return
+        try:
+            found = sweep_dirs(path)
+        except (sqlite3.Error, OSError) as exc:
+            raise FurcateConfigError(
+                tracking.source,
+                tracking.uri,
+                f"it cannot be read as an MLflow store ({exc})",
+                "give the sweep dir, or --tracking-uri of the store the sweep recorded into",
+            ) from None
+        yield from found
+        return
+    client = open_client(tracking)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    token = None
+    while experiments:
+        page = client.search_runs(
+            experiments,
+            filter_string=f"tags.`{Tags.ROLE}` = 'sweep'",
+            order_by=["attributes.start_time DESC"],
+            max_results=_PAGE,
+            page_token=token,
+        )
+        yield from (str(run.data.tags.get(Tags.SWEEP_DIR, "")) for run in page)
+        token = page.token
+        if not token:
+            return
 
 
 def _counts(client: Any, sweep_ids: Mapping[str, str]) -> dict[str, dict[str, int]]:

@@ -38,6 +38,11 @@ class TrackingUri:
     uri: str
     source: str
 
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The file of a sqlite store (``sqlite:///<path>``); None for any other store."""
+        return Path(self.uri[len("sqlite:///") :]) if self.uri.startswith("sqlite:///") else None
+
 
 def resolve_tracking_uri(
     configured: str | None, environ: Mapping[str, str] | None = None, cwd: Path | None = None

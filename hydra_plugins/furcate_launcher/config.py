@@ -101,8 +101,8 @@ class FurcateLauncherConf:
     mlflow: MlflowConf = field(default_factory=MlflowConf)
     # which recorded configs run again: failed (FAILED and KILLED), all, none
     rerun: str = "failed"
-    # a config FINISHED by other code (git commit, or the task module's hash): warn (skip it,
-    # say how many were), rerun (run it again), ignore
+    # a config FINISHED by other code (the tracked files but config files, or the task
+    # module's hash): warn (skip it, say how many were), rerun (run it again), ignore
     code_change: str = "warn"
     # dotted config keys that do not change a job's result (data_dir, num_workers, ...)
     fingerprint_ignore: List[str] = field(default_factory=list)
