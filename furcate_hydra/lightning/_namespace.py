@@ -115,15 +115,23 @@ def mixed_namespaces(trainer: Namespace, role: str, part: object) -> FurcateConf
     """The error for ``part`` (the Trainer's ``role``) of the other namespace than ``trainer``."""
     other = PYTORCH_LIGHTNING if trainer.name == LIGHTNING else LIGHTNING
     cls = type(part)
-    where = _source_of(cls)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__ == other or cls.__module__.startswith(other + "."):
+        # one of Lightning's own classes: its twin in the Trainer's namespace
+        twin = f"{trainer.name}{cls.__module__[len(other) :]}.{cls.__qualname__}"
+        fix = f"use {twin} instead of {name} (in the code or the config's _target_ that makes it)"
+    else:
+        fix = (
+            f"use one namespace: in {_source_of(cls)}, replace `{_IMPORTS[other]}` (or "
+            f"`from {other} import ...`) with `{_IMPORTS[trainer.name]}` (or `from "
+            f"{trainer.name} import ...`), or build the Trainer from `{other}`"
+        )
     return FurcateConfigError(
         role,
-        f"{cls.__module__}.{cls.__qualname__}",
+        name,
         f"it is a `{other}` class, but the Trainer is a `{trainer.name}` Trainer; Lightning's "
         "two namespaces hold distinct classes and one Trainer takes only its own",
-        f"use one namespace: in {where}, replace `{_IMPORTS[other]}` (or `from {other} "
-        f"import ...`) with `{_IMPORTS[trainer.name]}` (or `from {trainer.name} import ...`), "
-        f"or build the Trainer from `{other}`",
+        fix,
     )
 
 
