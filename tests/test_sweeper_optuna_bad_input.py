@@ -55,6 +55,10 @@ from tests.sweeper_helpers import ran_jobs
             ],
         ),
         (
+            ["hydra.sweeper.n_jobs=0"],
+            ["Invalid hydra.sweeper.n_jobs=0", "one trial per slot of the launcher"],
+        ),
+        (
             ["hydra.job.name=../../x"],
             ["Invalid hydra.job.name='../../x'", "outside the sweep dir"],
         ),
@@ -81,6 +85,15 @@ def test_bad_options_stop_before_any_trial(
         ({"direction": ["minimize", "up"]}, "minimize or maximize, or a list of them"),
         ({"n_trials": 0}, "Invalid hydra.sweeper.n_trials=0: must be a whole number, 1 or more"),
         ({"n_jobs": -2}, "Invalid hydra.sweeper.n_jobs=-2"),
+        (
+            {"n_jobs": 0},
+            "Invalid hydra.sweeper.n_jobs=0: must be a whole number of trials in flight at once, "
+            "1 or more. Fix: remove hydra.sweeper.n_jobs (or set it to null) for one trial per "
+            "slot of the launcher, or set e.g. hydra.sweeper.n_jobs=4",
+        ),
+        ({"n_jobs": 1.5}, "Invalid hydra.sweeper.n_jobs=1.5: must be a whole number"),
+        ({"n_jobs": "four"}, "Invalid hydra.sweeper.n_jobs='four': must be a whole number"),
+        ({"n_jobs": True}, "Invalid hydra.sweeper.n_jobs=True: must be a whole number"),
         ({"max_failure_rate": 1.5}, "Invalid hydra.sweeper.max_failure_rate=1.5"),
         ({"monitor": ""}, "Invalid hydra.sweeper.monitor=''"),
         ({"custom_search_space": "no_such_module.configure"}, "takes (cfg, trial)"),

@@ -39,6 +39,7 @@ from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.sweeping.rule_reach import Domain, unmatched_rules
+from hydra_plugins.furcate_optuna_sweeper._in_flight import trials_in_flight
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
 from hydra_plugins.furcate_optuna_sweeper._results import write_results
@@ -539,11 +540,6 @@ def run_study(
     return sweep.returns.batches(None)
 
 
-def _concurrency(sweep: StudySweep, slots: int) -> int:
-    n_jobs = sweep.options.n_jobs
-    return max(1, min(slots, n_jobs) if n_jobs else slots)
-
-
 def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
     """Every free slot runs a trial, and (with a trial per slot) the next trial of each slot is
     asked and submitted ahead while the slots are busy: when a trial ends, its slot's next one
@@ -557,7 +553,12 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
     submitting: list[TrialJob] = []  # asked, not yet in_flight: stopped, they are told too
     try:
         with launcher.streaming():
-            concurrency = _concurrency(sweep, launcher.slot_count)
+            concurrency = trials_in_flight(
+                sweep.options.n_jobs,
+                launcher.slot_count,
+                sweep.to_start - sweep.started,
+                batches=False,
+            )
             # ahead only where every slot runs a trial: else a trial asked ahead would start
             # on a free slot, beyond n_jobs
             every_slot = concurrency >= launcher.slot_count
@@ -623,8 +624,12 @@ def _ask_jobs(
 
 def _batches(sweep: StudySweep, launcher: Launcher) -> None:
     """hydra-optuna-sweeper's loop: ask a batch, launch it, wait for all of it, tell it."""
-    slots = sweep.streaming.slot_count if sweep.streaming is not None else 1
-    size = sweep.options.n_jobs or slots
+    if sweep.streaming is None:  # another launcher: its slots are unknown here
+        size = sweep.options.n_jobs or 1
+    else:
+        size = trials_in_flight(
+            sweep.options.n_jobs, sweep.streaming.slot_count, sweep.to_start, batches=True
+        )
     while sweep.started < sweep.to_start:
         count = min(size, sweep.to_start - sweep.started)
         jobs: list[TrialJob] = []

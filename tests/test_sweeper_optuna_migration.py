@@ -1,0 +1,94 @@
+"""Coming from hydra-optuna-sweeper: its configs as they are written, and its behaviour where its
+own tests show it.
+
+Through the real CLI: tests/apps/optuna_app.py (a sphere to minimise) on 2 slots of the furcate
+launcher, with a real sqlite Optuna storage and MLflow store in tmp_path.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from hydra_plugins.furcate_optuna_sweeper._in_flight import trials_in_flight
+from tests.conftest import run_optuna_study as run_study
+from tests.sweeper_helpers import max_overlap, ran_jobs
+
+# every CLI run here launches jobs, which record into the test's own store
+pytestmark = pytest.mark.usefixtures("mlflow_store")
+
+IDLE_LINE = (
+    "furcate_optuna: hydra.sweeper.n_jobs=1 keeps 1 trial in flight while the launcher has "
+    "2 slots: 1 slot idle; remove n_jobs (one trial per slot) or set it to 2"
+)
+
+
+def load_study(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(study_name="optuna_app", storage=f"sqlite:///{tmp_path}/optuna.db")
+
+
+@pytest.mark.parametrize(
+    "n_jobs, at_once, idle_lines",
+    [
+        # hydra-optuna-sweeper's example says n_jobs: 1: one trial at a time, said once
+        (["hydra.sweeper.n_jobs=1"], 1, 1),
+        ([], 2, 0),  # unset: a trial on every slot, nothing to say
+    ],
+    ids=["n_jobs_1", "n_jobs_unset"],
+)
+def test_n_jobs_is_the_number_of_trials_in_flight(
+    tmp_path: Path, n_jobs: list[str], at_once: int, idle_lines: int
+) -> None:
+    result = run_study(tmp_path, *n_jobs, "sleep=0.5")
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert output.count(IDLE_LINE) == idle_lines, output
+    assert output.count("hydra.sweeper.n_jobs=") == idle_lines  # no other line about it
+    jobs = ran_jobs(tmp_path / "sweep")
+    assert len(jobs) == 6
+    assert max_overlap((job.started_at, job.ended_at) for job in jobs.values()) == at_once
+    assert [t.state for t in load_study(tmp_path).trials] == [TrialState.COMPLETE] * 6
+
+
+@pytest.mark.parametrize(
+    "n_jobs, slots, to_run, batches, expected, said",
+    [
+        (None, 4, 20, False, 4, None),
+        (None, 4, 20, True, 4, None),
+        (4, 4, 20, False, 4, None),
+        (
+            1,
+            4,
+            20,
+            False,
+            1,
+            "n_jobs=1 keeps 1 trial in flight while the launcher has 4 slots: "
+            "3 slots idle; remove n_jobs (one trial per slot) or set it to 4",
+        ),
+        (2, 4, 20, True, 2, "keeps 2 trials in flight while the launcher has 4 slots: 2 slots"),
+        (1, 4, 1, False, 1, None),  # one trial left: no slot idles for n_jobs
+        (8, 2, 20, False, 2, "n_jobs=8 is more than the launcher's 2 slots: 2 trials run at once"),
+        (8, 2, 2, False, 2, None),  # no more trials than slots: nothing to say
+        (8, 2, 20, True, 8, None),  # hydra-optuna-sweeper's batches: 8 queued in the launcher
+    ],
+)
+def test_n_jobs_against_the_slots_says_once_what_it_does(
+    caplog: pytest.LogCaptureFixture,
+    n_jobs: int | None,
+    slots: int,
+    to_run: int,
+    batches: bool,
+    expected: int,
+    said: str | None,
+) -> None:
+    caplog.set_level(logging.INFO, logger="hydra_plugins.furcate_optuna_sweeper._in_flight")
+    assert trials_in_flight(n_jobs, slots, to_run, batches=batches) == expected
+    lines = [record.getMessage() for record in caplog.records]
+    if said is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and said in lines[0], lines
