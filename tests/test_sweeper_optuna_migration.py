@@ -92,3 +92,60 @@ def test_n_jobs_against_the_slots_says_once_what_it_does(
         assert lines == []
     else:
         assert len(lines) == 1 and said in lines[0], lines
+
+
+@pytest.mark.parametrize("asynchronous", ["true", pytest.param("false", marks=pytest.mark.slow)])
+def test_a_study_whose_every_trial_failed_ends_with_one_line_and_its_records(
+    tmp_path: Path, asynchronous: str
+) -> None:
+    # max_failure_rate 1.0 lets every trial run; hydra-optuna-sweeper then raises from
+    # study.best_trial ("No trials are completed yet")
+    tolerant = ["mode=raise", "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.n_trials=4"]
+    result = run_study(tmp_path, *tolerant, f"hydra.sweeper.asynchronous={asynchronous}")
+    assert result.returncode == 1, result.stderr
+    line = (
+        "furcate_optuna: all 4 trials of study 'optuna_app' failed, none completed: no best "
+        "params. The first failure: trial 0 (job #0): ValueError: the task raised on purpose; "
+        f"logs: {tmp_path / 'sweep' / '0' / 'stderr.log'}"
+    )
+    assert _closing_line(result.stderr) == line, result.stderr
+    assert [t.state for t in load_study(tmp_path).trials] == [TrialState.FAIL] * 4
+    # the records were written before the exit; there are no results to write
+    sweep = tmp_path / "sweep"
+    rows = (sweep / "run_data.csv").read_text().splitlines()[1:]
+    assert len(rows) == 4 and all(",FAILED," in row for row in rows)
+    assert "| failed | 4 |" in (sweep / "summary.md").read_text()
+    assert not (sweep / "optimization_results.yaml").exists()
+
+    # a rerun has nothing left to run, and ends the same way, with the way out
+    again = run_study(tmp_path, *tolerant, sweep="again")
+    assert again.returncode == 1, again.stderr
+    assert "4 of 4 trials already in the study, 0 to run" in again.stdout
+    closing = _closing_line(again.stderr)
+    assert closing.startswith(
+        "furcate_optuna: all 4 trials of study 'optuna_app' failed, none completed: no best "
+        "params. The first failure: trial 0: the task raised on purpose (MLflow run "
+    )
+    assert closing.endswith(
+        ". Fix the task, then start another study (hydra.sweeper.study_name=<new name>) or "
+        "raise hydra.sweeper.n_trials"
+    )
+
+
+def test_a_study_of_pruned_trials_is_not_a_failure(tmp_path: Path) -> None:
+    # a pruned trial ran as it should: the pruner stopped it. No best params, no error
+    result = run_study(
+        tmp_path, "+prune_at=0", "hydra.sweeper.monitor=loss", "hydra.sweeper.n_trials=3"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "study 'optuna_app' has no completed trial yet: no results" in result.stdout
+    assert [t.state for t in load_study(tmp_path).trials] == [TrialState.PRUNED] * 3
+
+
+def _closing_line(stderr: str) -> str:
+    """The line Hydra printed of the sweep's own error, before its HYDRA_FULL_ERROR hint (the
+    jobs' tracebacks come before it); the only line of the sweep's error in stderr."""
+    lines = [text for text in stderr.splitlines() if text.strip()]
+    assert lines[-1].startswith("Set the environment variable HYDRA_FULL_ERROR=1"), stderr
+    assert stderr.count("furcate_optuna: ") == 1, stderr
+    return lines[-2]
