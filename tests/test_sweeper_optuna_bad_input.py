@@ -170,16 +170,6 @@ def test_a_storage_proxy_address_is_host_and_port(value: str, parsed: tuple[str,
             "hydra.sweeper.search_space.x",
             "write {type: categorical, choices: [a, b]}",
         ),
-        (
-            # hydra-optuna-sweeper would warn and ignore search_space: refused here
-            {
-                "search_space": {"x": {"type": "float", "low": 0, "high": 1, "step": 0.25}},
-                "params": {"y": "choice(1, 2)"},
-            },
-            "hydra.sweeper.search_space",
-            "move its entries into hydra.sweeper.params (x: range(0.0, 1.0, step=0.25)) and "
-            "delete hydra.sweeper.search_space",
-        ),
     ],
 )
 def test_a_bad_search_space_is_named_with_its_value_and_fix(

@@ -2,7 +2,8 @@
 own tests show it.
 
 Through the real CLI: tests/apps/optuna_app.py (a sphere to minimise) on 2 slots of the furcate
-launcher, with a real sqlite Optuna storage and MLflow store in tmp_path.
+launcher, and hydra-optuna-sweeper's example app (tests/apps/sphere), with a real sqlite Optuna
+storage and MLflow store in tmp_path.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.furcate_optuna_sweeper._in_flight import trials_in_flight
+from tests.conftest import APPS, run_cli
 from tests.conftest import run_optuna_study as run_study
 from tests.sweeper_helpers import max_overlap, ran_jobs
 
 # every CLI run here launches jobs, which record into the test's own store
 pytestmark = pytest.mark.usefixtures("mlflow_store")
 
+SPHERE = APPS / "sphere"
 IDLE_LINE = (
     "furcate_optuna: hydra.sweeper.n_jobs=1 keeps 1 trial in flight while the launcher has "
     "2 slots: 1 slot idle; remove n_jobs (one trial per slot) or set it to 2"
@@ -149,3 +152,31 @@ def _closing_line(stderr: str) -> str:
     assert lines[-1].startswith("Set the environment variable HYDRA_FULL_ERROR=1"), stderr
     assert stderr.count("furcate_optuna: ") == 1, stderr
     return lines[-2]
+
+
+def test_search_space_beside_params_is_ignored_with_a_warning(tmp_path: Path) -> None:
+    # hydra-optuna-sweeper's test config of the deprecated search_space (x), with params (y)
+    # beside it: as there, the space is params, and search_space is dropped with a warning
+    result = run_cli(
+        SPHERE / "sphere.py",
+        "--config-name=deprecated_search_space",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra.sweeper.n_trials=4",
+        "+hydra.sweeper.params.y='choice(-5, 0, 5)'",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    warning = (
+        "UserWarning: Both hydra.sweeper.params and hydra.sweeper.search_space are configured: "
+        "the search space is hydra.sweeper.params, and hydra.sweeper.search_space "
+        "(x: range(-5.5, 5.5, step=0.5)) is ignored, as hydra-optuna-sweeper ignores it. "
+        "Delete hydra.sweeper.search_space, or move what it should add into hydra.sweeper.params"
+    )
+    assert result.stderr.count(warning) == 1, result.stderr
+    assert "is deprecated" not in result.stderr  # search_space is not read at all
+    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path}/sweep/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    for trial in study.trials:
+        assert set(trial.params) == {"y"} and trial.params["y"] in (-5, 0, 5)
+        assert trial.value == 1 + trial.params["y"] ** 2  # x stays the config's 1

@@ -148,7 +148,7 @@ class FurcateOptunaSweeperConf:
     # range, choice, or a fixed value
     params: Optional[Dict[str, Any]] = field(default_factory=dict)
     # deprecated (hydra-optuna-sweeper reads it with a warning): {name: {type, low, high, step,
-    # log, choices}}, the search space before params; it cannot be set beside params
+    # log, choices}}, the search space before params; beside params, ignored with a warning
     search_space: Optional[Dict[str, Any]] = None
     # dotted path of fn(cfg, trial) that suggests more params (define-by-run)
     custom_search_space: Optional[str] = None
