@@ -57,6 +57,24 @@ def test_n_jobs_is_the_number_of_trials_in_flight(
     assert [t.state for t in load_study(tmp_path).trials] == [TrialState.COMPLETE] * 6
 
 
+def test_a_config_after_the_readmes_two_line_edit_runs_on_the_slots(tmp_path: Path) -> None:
+    result = run_cli(
+        SPHERE / "sphere.py",
+        "--config-name=migrated",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "hydra/launcher=furcate",
+        "hydra.launcher.preload=[]",
+        "hydra.launcher.gpus=[0,1]",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(IDLE_LINE) == 1, result.stdout
+    study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path}/sweep/optuna.db")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    assert (tmp_path / "sweep" / "optimization_results.yaml").exists()
+
+
 @pytest.mark.parametrize(
     "n_jobs, slots, to_run, batches, expected, said",
     [
