@@ -16,14 +16,13 @@ import pytest
 from optuna.trial import TrialState
 
 from hydra_plugins.furcate_optuna_sweeper._in_flight import trials_in_flight
-from tests.conftest import APPS, run_cli
 from tests.conftest import run_optuna_study as run_study
+from tests.conftest import run_sphere_config
 from tests.sweeper_helpers import max_overlap, ran_jobs
 
 # every CLI run here launches jobs, which record into the test's own store
 pytestmark = pytest.mark.usefixtures("mlflow_store")
 
-SPHERE = APPS / "sphere"
 IDLE_LINE = (
     "furcate_optuna: hydra.sweeper.n_jobs=1 keeps 1 trial in flight while the launcher has "
     "2 slots: 1 slot idle; remove n_jobs (one trial per slot) or set it to 2"
@@ -58,16 +57,8 @@ def test_n_jobs_is_the_number_of_trials_in_flight(
 
 
 def test_a_config_after_the_readmes_two_line_edit_runs_on_the_slots(tmp_path: Path) -> None:
-    result = run_cli(
-        SPHERE / "sphere.py",
-        "--config-name=migrated",
-        "-m",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        "hydra/launcher=furcate",
-        "hydra.launcher.preload=[]",
-        "hydra.launcher.gpus=[0,1]",
-        cwd=tmp_path,
-    )
+    launcher = ["hydra/launcher=furcate", "hydra.launcher.preload=[]", "hydra.launcher.gpus=[0,1]"]
+    result = run_sphere_config(tmp_path, "migrated", *launcher)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(IDLE_LINE) == 1, result.stdout
     study = optuna.load_study(study_name="sphere", storage=f"sqlite:///{tmp_path}/sweep/optuna.db")
@@ -175,14 +166,11 @@ def _closing_line(stderr: str) -> str:
 def test_search_space_beside_params_is_ignored_with_a_warning(tmp_path: Path) -> None:
     # hydra-optuna-sweeper's test config of the deprecated search_space (x), with params (y)
     # beside it: as there, the space is params, and search_space is dropped with a warning
-    result = run_cli(
-        SPHERE / "sphere.py",
-        "--config-name=deprecated_search_space",
-        "-m",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    result = run_sphere_config(
+        tmp_path,
+        "deprecated_search_space",
         "hydra.sweeper.n_trials=4",
         "+hydra.sweeper.params.y='choice(-5, 0, 5)'",
-        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     warning = (
