@@ -94,6 +94,21 @@ def run_optuna_study(
     )
 
 
+def run_sphere_config(
+    tmp_path: Path, config_name: str, *overrides: str
+) -> subprocess.CompletedProcess[str]:
+    """hydra-optuna-sweeper's example app, ``tests/apps/sphere/sphere.py -m``, with one of the
+    configs beside it, in ``tmp_path`` and its sweep dir at ``tmp_path / "sweep"``."""
+    return run_cli(
+        APPS / "sphere" / "sphere.py",
+        f"--config-name={config_name}",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *overrides,
+        cwd=tmp_path,
+    )
+
+
 @pytest.fixture(scope="session")
 def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An initialised, empty MLflow sqlite store; copying it skips ~1.5 s of migrations."""

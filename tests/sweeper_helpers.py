@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,3 +39,14 @@ def ran_jobs(sweep_dir: Path) -> dict[int, RanJob]:
 
 def ran_overrides(sweep_dir: Path) -> list[tuple[str, ...]]:
     return [job.overrides for job in ran_jobs(sweep_dir).values()]
+
+
+def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
+    """The most ``(start, end)`` intervals that overlap at one moment."""
+    spans = list(intervals)
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, step in events:  # at equal times the end (-1) sorts first: touching is not overlap
+        running += step
+        peak = max(peak, running)
+    return peak

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_probe_sweep
+from tests.sweeper_helpers import max_overlap
 
 # every test here launches jobs, which record into the test's own store
 pytestmark = pytest.mark.usefixtures("mlflow_store")
@@ -17,15 +18,6 @@ pytestmark = pytest.mark.usefixtures("mlflow_store")
 
 def _probes(sweep: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(sweep.glob("*/probe.json"))]
-
-
-def _max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    running = peak = 0
-    for _, step in events:  # at equal times the end (-1) sorts first: touching is not overlap
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def test_jobs_spread_over_explicit_gpus_two_per_gpu(tmp_path: Path) -> None:
@@ -52,7 +44,7 @@ def test_jobs_spread_over_explicit_gpus_two_per_gpu(tmp_path: Path) -> None:
 
     assert sorted(device_of_slot) == [str(i) for i in range(6)]  # every slot was used
     assert all(len(devices) == 1 for devices in device_of_slot.values())
-    assert {device: _max_overlap(spans) for device, spans in by_device.items()} == {
+    assert {device: max_overlap(spans) for device, spans in by_device.items()} == {
         "0": 2,
         "1": 2,
         "2": 2,

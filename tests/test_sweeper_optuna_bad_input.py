@@ -55,6 +55,10 @@ from tests.sweeper_helpers import ran_jobs
             ],
         ),
         (
+            ["hydra.sweeper.n_jobs=0"],
+            ["Invalid hydra.sweeper.n_jobs=0", "one trial per slot of the launcher"],
+        ),
+        (
             ["hydra.job.name=../../x"],
             ["Invalid hydra.job.name='../../x'", "outside the sweep dir"],
         ),
@@ -81,6 +85,15 @@ def test_bad_options_stop_before_any_trial(
         ({"direction": ["minimize", "up"]}, "minimize or maximize, or a list of them"),
         ({"n_trials": 0}, "Invalid hydra.sweeper.n_trials=0: must be a whole number, 1 or more"),
         ({"n_jobs": -2}, "Invalid hydra.sweeper.n_jobs=-2"),
+        (
+            {"n_jobs": 0},
+            "Invalid hydra.sweeper.n_jobs=0: must be a whole number of trials in flight at once, "
+            "1 or more. Fix: remove hydra.sweeper.n_jobs (or set it to null) for one trial per "
+            "slot of the launcher, or set e.g. hydra.sweeper.n_jobs=4",
+        ),
+        ({"n_jobs": 1.5}, "Invalid hydra.sweeper.n_jobs=1.5: must be a whole number"),
+        ({"n_jobs": "four"}, "Invalid hydra.sweeper.n_jobs='four': must be a whole number"),
+        ({"n_jobs": True}, "Invalid hydra.sweeper.n_jobs=True: must be a whole number"),
         ({"max_failure_rate": 1.5}, "Invalid hydra.sweeper.max_failure_rate=1.5"),
         ({"monitor": ""}, "Invalid hydra.sweeper.monitor=''"),
         ({"custom_search_space": "no_such_module.configure"}, "takes (cfg, trial)"),
@@ -156,16 +169,6 @@ def test_a_storage_proxy_address_is_host_and_port(value: str, parsed: tuple[str,
             {"search_space": {"x": {"type": "categorical", "choices": []}}},
             "hydra.sweeper.search_space.x",
             "write {type: categorical, choices: [a, b]}",
-        ),
-        (
-            # hydra-optuna-sweeper would warn and ignore search_space: refused here
-            {
-                "search_space": {"x": {"type": "float", "low": 0, "high": 1, "step": 0.25}},
-                "params": {"y": "choice(1, 2)"},
-            },
-            "hydra.sweeper.search_space",
-            "move its entries into hydra.sweeper.params (x: range(0.0, 1.0, step=0.25)) and "
-            "delete hydra.sweeper.search_space",
         ),
     ],
 )

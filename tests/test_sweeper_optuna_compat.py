@@ -21,7 +21,7 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from tests.conftest import APPS, run_cli
+from tests.conftest import APPS, run_cli, run_sphere_config
 
 # every test here launches jobs, which record into the test's own store
 pytestmark = pytest.mark.usefixtures("mlflow_store")
@@ -142,14 +142,7 @@ def test_the_deprecated_search_space_runs_with_hydra_optuna_sweepers_warning(
     tmp_path: Path,
 ) -> None:
     # hydra-optuna-sweeper's test runs sphere.py with this config, as here
-    result = run_cli(
-        SPHERE / "sphere.py",
-        "--config-name=deprecated_search_space",
-        "-m",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        "hydra.sweeper.n_trials=6",
-        cwd=tmp_path,
-    )
+    result = run_sphere_config(tmp_path, "deprecated_search_space", "hydra.sweeper.n_trials=6")
     assert result.returncode == 0, result.stderr
     assert (
         "UserWarning: `hydra.sweeper.search_space` is deprecated and will be removed in the next "

@@ -5,7 +5,8 @@ furcate launcher:  ask ──► excluded? (FAIL, not counted, ask again) ──
                    wait_any ──► tell (COMPLETE / PRUNED / FAIL) ──► ask the next at once
 other launchers:   ask n_jobs ──► launch() the batch ──► tell all ──► next batch
 each trial's job:  reports its monitored metric per epoch to the trial (OptunaPruning)
-end: optimization_results.yaml + plots in the sweep dir, on the sweep's MLflow run
+end: optimization_results.yaml + plots in the sweep dir, on the sweep's MLflow run;
+     every trial of the study failed: an error of one line (_all_failed)
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.sweeping.rule_reach import Domain, unmatched_rules
+from hydra_plugins.furcate_optuna_sweeper._all_failed import FailedTrial, every_trial_failed
+from hydra_plugins.furcate_optuna_sweeper._in_flight import trials_in_flight
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 from hydra_plugins.furcate_optuna_sweeper._outcome import TrialOutcome, read_outcome
 from hydra_plugins.furcate_optuna_sweeper._results import write_results
@@ -141,6 +144,7 @@ class StudySweep:
         self._best_value: float | None = None
         self.failed = 0
         self.first_error: BaseException | None = None  # of the first trial told failed
+        self.first_failed: FailedTrial | None = None  # the lowest-numbered, for the last line
         self.returns = SweepReturns()  # on disk: nothing per finished trial held here
         self.next_num = 0
         pruning = (
@@ -338,7 +342,7 @@ class StudySweep:
         if run_id is not None:
             trial.set_user_attr(Attrs.MLFLOW_RUN, run_id)
         if outcome.error is not None:
-            trial.set_user_attr("furcate_error", str(outcome.error).splitlines()[0][:500])
+            trial.set_user_attr(Attrs.ERROR, str(outcome.error).splitlines()[0][:500])
         values = outcome.values if outcome.state is TrialState.COMPLETE else None
         try:
             self.study.tell(trial, values=values, state=outcome.state)
@@ -363,6 +367,8 @@ class StudySweep:
             assert outcome.error is not None
             self.failed += 1
             self.first_error = self.first_error or outcome.error
+            if self.first_failed is None or trial.number < self.first_failed.number:
+                self.first_failed = FailedTrial.of(trial.number, job.num, job_return, outcome.error)
             log.warning("furcate_optuna: trial %d failed: %s", trial.number, outcome.error)
         return outcome
 
@@ -523,7 +529,9 @@ def run_study(
                 _stream(sweep, streaming)
             else:
                 _batches(sweep, context.launcher)
-    results = write_results(sweep.study, sweep_dir)
+    # a study of failed trials has no results: its one line is the error below
+    all_failed = every_trial_failed(sweep.study, sweep.first_failed)
+    results = write_results(sweep.study, sweep_dir) if all_failed is None else None
     ran = sweep.started > 0 and streaming is not None
     sweep_run = streaming.sweep_run_id if ran and streaming and sweep.runs else None
     if results is not None and sweep_run and sweep.runs is not None:
@@ -536,12 +544,9 @@ def run_study(
             options.max_failure_rate,
         )
         raise sweep.first_error
+    if all_failed is not None:  # after the records: the launcher wrote them as the trials ended
+        raise all_failed
     return sweep.returns.batches(None)
-
-
-def _concurrency(sweep: StudySweep, slots: int) -> int:
-    n_jobs = sweep.options.n_jobs
-    return max(1, min(slots, n_jobs) if n_jobs else slots)
 
 
 def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
@@ -557,7 +562,12 @@ def _stream(sweep: StudySweep, launcher: StreamingLauncher) -> None:
     submitting: list[TrialJob] = []  # asked, not yet in_flight: stopped, they are told too
     try:
         with launcher.streaming():
-            concurrency = _concurrency(sweep, launcher.slot_count)
+            concurrency = trials_in_flight(
+                sweep.options.n_jobs,
+                launcher.slot_count,
+                sweep.to_start - sweep.started,
+                batches=False,
+            )
             # ahead only where every slot runs a trial: else a trial asked ahead would start
             # on a free slot, beyond n_jobs
             every_slot = concurrency >= launcher.slot_count
@@ -623,8 +633,12 @@ def _ask_jobs(
 
 def _batches(sweep: StudySweep, launcher: Launcher) -> None:
     """hydra-optuna-sweeper's loop: ask a batch, launch it, wait for all of it, tell it."""
-    slots = sweep.streaming.slot_count if sweep.streaming is not None else 1
-    size = sweep.options.n_jobs or slots
+    if sweep.streaming is None:  # another launcher: its slots are unknown here
+        size = sweep.options.n_jobs or 1
+    else:
+        size = trials_in_flight(
+            sweep.options.n_jobs, sweep.streaming.slot_count, sweep.to_start, batches=True
+        )
     while sweep.started < sweep.to_start:
         count = min(size, sweep.to_start - sweep.started)
         jobs: list[TrialJob] = []

@@ -12,7 +12,8 @@ here). As there: an int's step is 1 unless given; a step that does not divide ``
 ends the space at the last step (Optuna's adjustment); ``log`` wins over ``step``, which is then
 ignored (here with a warning); a key of another type (``low`` of a categorical) is ignored.
 Where it would fail with a Python error (an unknown key or type, ``low`` above ``high``, no
-``choices``), this raises an OptionError that says how to write the entry.
+``choices``), this raises an OptionError that says how to write the entry. Beside
+``hydra.sweeper.params``, as there, it is ignored (unread) with a warning: the space is params.
 """
 
 from __future__ import annotations
@@ -41,9 +42,19 @@ _EXAMPLE = (
 
 def distributions_from_search_space(search_space: Any, params: Any) -> dict[str, BaseDistribution]:
     """The entries of ``search_space`` as Optuna distributions, after the deprecation warning;
-    ``{}`` where it is unset. ``params`` is ``hydra.sweeper.params``: both cannot be set."""
+    ``{}`` where it is unset, or ignored beside ``params`` (``hydra.sweeper.params``)."""
     search_space = plain(search_space)
     if search_space is None:
+        return {}
+    if plain(params):
+        ignored = _as_params(search_space) if isinstance(search_space, Mapping) else search_space
+        warnings.warn(
+            f"Both hydra.sweeper.params and {KEY} are configured: the search space is "
+            f"hydra.sweeper.params, and {KEY} ({ignored}) is ignored, as hydra-optuna-sweeper "
+            f"ignores it. Delete {KEY}, or move what it should add into hydra.sweeper.params",
+            UserWarning,
+            stacklevel=2,
+        )
         return {}
     if not isinstance(search_space, Mapping):
         raise OptionError(
@@ -51,16 +62,6 @@ def distributions_from_search_space(search_space: Any, params: Any) -> dict[str,
             search_space,
             "must map each param to {type, low, high, step, log, choices}",
             f"write it as hydra.sweeper.params (e.g. x: interval(0, 1)), or as {{x: {_EXAMPLE}}}",
-        )
-    if plain(params):
-        # hydra-optuna-sweeper warns and drops search_space: half the config would be ignored.
-        raise OptionError(
-            KEY,
-            search_space,
-            "is set beside hydra.sweeper.params; they are two ways to write the search space, "
-            "and hydra-optuna-sweeper would ignore search_space",
-            f"move its entries into hydra.sweeper.params ({_as_params(search_space)}) and "
-            "delete hydra.sweeper.search_space",
         )
     distributions = {
         str(name): _distribution(str(name), entry) for name, entry in search_space.items()

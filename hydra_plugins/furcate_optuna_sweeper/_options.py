@@ -81,9 +81,7 @@ class OptunaOptions:
             storage_proxy=_storage_proxy(options["storage_proxy"]),
             study_name=_optional_text("hydra.sweeper.study_name", options["study_name"]),
             n_trials=_count("hydra.sweeper.n_trials", options["n_trials"], "20"),
-            n_jobs=None
-            if options["n_jobs"] is None
-            else _count("hydra.sweeper.n_jobs", options["n_jobs"], "4, or null for a slot each"),
+            n_jobs=_n_jobs(options["n_jobs"]),
             max_failure_rate=_rate(options["max_failure_rate"]),
             pruner=pruner,
             monitor=monitor,
@@ -207,6 +205,21 @@ def _storage_proxy(value: Any) -> tuple[str, int] | None:
 def _count(key: str, value: Any, example: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise OptionError(key, value, "must be a whole number, 1 or more", f"e.g. {example}")
+    return value
+
+
+def _n_jobs(value: Any) -> int | None:
+    """Trials in flight at once; None: one per slot of the launcher."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(
+            "hydra.sweeper.n_jobs",
+            value,
+            "must be a whole number of trials in flight at once, 1 or more",
+            "remove hydra.sweeper.n_jobs (or set it to null) for one trial per slot of the "
+            "launcher, or set e.g. hydra.sweeper.n_jobs=4",
+        )
     return value
 
 

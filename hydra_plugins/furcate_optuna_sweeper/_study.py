@@ -40,6 +40,7 @@ __all__ = [
     "Attrs",
     "StudyState",
     "ask_owned",
+    "counts",
     "name_objectives",
     "open_study",
     "owned_running",
@@ -59,6 +60,7 @@ class Attrs:
     EXCLUDED = "furcate:excluded"  # the exclusion rule a sampled config matched
     FROM_RECORD = "furcate:from_mlflow_run"  # told from this recorded run, not run
     MLFLOW_RUN = "mlflow_run_id"  # user attr: the job's run, shown by optuna-dashboard
+    ERROR = "furcate_error"  # user attr: why a failed trial's job failed, its first line
     # user attr of an enqueued retry: the interrupted trial's number (a finished trial cannot
     # be marked, so this is how a rerun knows the trial was re-tried already)
     RETRY_OF = "furcate_retry_of"

@@ -139,7 +139,8 @@ class FurcateOptunaSweeperConf:
     study_name: Optional[str] = None
     # trials the study should have in all: a rerun runs only the ones missing
     n_trials: int = 20
-    # most trials running at once (unset: one per slot of the launcher)
+    # trials in flight at once (unset: one per slot of the launcher); fewer leave slots idle,
+    # said once; more run one per slot (with asynchronous=false: a batch of n_jobs is queued)
     n_jobs: Optional[int] = None
     # the sweep fails once more than this fraction of its trials failed
     max_failure_rate: float = 0.0
@@ -147,7 +148,7 @@ class FurcateOptunaSweeperConf:
     # range, choice, or a fixed value
     params: Optional[Dict[str, Any]] = field(default_factory=dict)
     # deprecated (hydra-optuna-sweeper reads it with a warning): {name: {type, low, high, step,
-    # log, choices}}, the search space before params; it cannot be set beside params
+    # log, choices}}, the search space before params; beside params, ignored with a warning
     search_space: Optional[Dict[str, Any]] = None
     # dotted path of fn(cfg, trial) that suggests more params (define-by-run)
     custom_search_space: Optional[str] = None
