@@ -49,6 +49,7 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
         "2",
     ),
     ({"rerun": "sometimes"}, {}, "hydra.launcher.rerun", "'sometimes'"),
+    ({"lightning": "maybe"}, {}, "hydra.launcher.lightning", "'maybe'"),
     ({"backend": "slurm"}, {}, "hydra.launcher.backend", "'slurm'"),
     ({"ray": {"address": "head"}}, {}, "hydra.launcher.ray.address", "'head'"),
     ({"ray": {"runtime_env": [1]}}, {}, "hydra.launcher.ray.runtime_env", "[1]"),
