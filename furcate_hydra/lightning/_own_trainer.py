@@ -109,14 +109,18 @@ def _trainer_fit(original: Callable[..., None], trainer: Any, *args: Any, **kwar
     )
     resume = None
     # an app that passes a checkpoint, or set trainer.ckpt_path, has the last word
-    chosen = getattr(trainer._checkpoint_connector, "_user_managed", False)
-    if arguments.get("ckpt_path") is None and not chosen:
+    chosen = arguments.get("ckpt_path") or (
+        trainer.ckpt_path
+        if getattr(trainer._checkpoint_connector, "_user_managed", False)
+        else None
+    )
+    if chosen is None:
         resume = training.resume_from(trainer)
         if resume is not None:
             arguments["ckpt_path"] = str(resume.path)
             if "weights_only" in arguments:  # furcate's files hold the RNG states too
                 arguments["weights_only"] = False
-    _say_once(trainer, namespace, training, resume)
+    _say_once(trainer, namespace, training, _start_words(resume, chosen))
     with training.fitting(trainer, namespace), _resumed_dir_not_empty(resume):
         original(*call.args, **call.kwargs)
     training.finish(trainer)
@@ -132,19 +136,22 @@ def _resumed_dir_not_empty(resume: ResumePoint | None) -> Iterator[None]:
         yield
 
 
-def _say_once(
-    trainer: Any, namespace: Namespace, training: JobTraining, resume: ResumePoint | None
-) -> None:
+def _start_words(resume: ResumePoint | None, chosen: Any) -> str:
+    if chosen is not None:
+        return f"the start the app chose (ckpt_path={str(chosen)!r})"
+    if resume is None:
+        return "a fresh start (no checkpoint of this run yet)"
+    where = "" if resume.at is None else " (epoch {}, batch {})".format(*resume.at)
+    whose = ", the app's own last.ckpt" if resume.by_app else ""
+    return f"resume from {resume.path}{where}{whose}"
+
+
+def _say_once(trainer: Any, namespace: Namespace, training: JobTraining, start: str) -> None:
     global _said
     if _said:
         return
     _said = True
     env = training.env
-    if resume is None:
-        start = "a fresh start (no checkpoint of this run yet)"
-    else:
-        where = "" if resume.at is None else " (epoch {}, batch {})".format(*resume.at)
-        start = f"resume from {resume.path}{where}"
     every = [f"every {env.checkpoint_every_n_steps} steps"] if env.checkpoint_every_n_steps else []
     every += [f"every {env.checkpoint_every_s:g} s"] if env.checkpoint_every_s else []
     parts = [
