@@ -6,7 +6,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -61,8 +60,20 @@ def test_each_row_carries_the_fields_comment_and_default() -> None:
     assert "`hydra/sweeper/sampler=NAME`: one of `cmaes`, `grid`" in optuna
 
 
-def _entry_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> ConfigEntry:
-    (tmp_path / "made_up_conf.py").write_text(textwrap.dedent(source))
+# a config module with one documented field; a test adds the fields it needs
+MADE_UP_CONF = """
+from dataclasses import dataclass
+
+@dataclass
+class MadeUpConf:
+    # said what it does,
+    # over two lines
+    documented: int = 1
+"""
+
+
+def _entry_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "") -> ConfigEntry:
+    (tmp_path / "made_up_conf.py").write_text(MADE_UP_CONF + extra)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "made_up_conf", raising=False)
     import made_up_conf  # type: ignore[import-not-found]
@@ -74,20 +85,7 @@ def _entry_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> C
 def test_a_plugin_option_without_a_comment_stops_the_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entry = _entry_of(
-        tmp_path,
-        monkeypatch,
-        """
-        from dataclasses import dataclass
-
-        @dataclass
-        class MadeUpConf:
-            # said what it does,
-            # over two lines
-            documented: int = 1
-            bare: float = 2.0
-        """,
-    )
+    entry = _entry_of(tmp_path, monkeypatch, "    bare: float = 2.0\n")
     with pytest.raises(OptionDocError, match=r"hydra\.launcher\.bare .*has no comment above it"):
         rows(entry)
 
@@ -95,20 +93,7 @@ def test_a_plugin_option_without_a_comment_stops_the_build(
 def test_a_comment_over_several_lines_is_one_meaning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entry = _entry_of(
-        tmp_path,
-        monkeypatch,
-        """
-        from dataclasses import dataclass
-
-        @dataclass
-        class MadeUpConf:
-            # said what it does,
-            # over two lines
-            documented: int = 1
-        """,
-    )
-    [row] = rows(entry)
+    [row] = rows(_entry_of(tmp_path, monkeypatch))
     assert (row.key, row.default, row.meaning) == (
         "hydra.launcher.documented",
         "`1`",
