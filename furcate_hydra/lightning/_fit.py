@@ -109,9 +109,11 @@ def fit(
 
     The Trainer is of the model's Lightning namespace (``lightning.pytorch`` or
     ``pytorch_lightning``); a datamodule or callback of the other one is refused. It gets
-    :class:`MetricsHistory` and :class:`AtomicCheckpoint` ahead of the callbacks
-    in ``trainer_options``, :class:`OptunaPruning` when the Optuna sweeper launched this job as a
-    trial with a monitored metric, and a :class:`RunBoundMLFlowLogger` when ``env.recording``.
+    :class:`MetricsHistory` and :class:`AtomicCheckpoint` after the callbacks in
+    ``trainer_options`` (so its epoch checkpoint holds their final state too),
+    :class:`OptunaPruning` when the Optuna sweeper launched this job as a trial with a
+    monitored metric, and an ``MLFlowLogger`` of its namespace bound to the job's run (see
+    :class:`RunBoundMLFlowLogger`) when ``env.recording``.
     The final checkpoint is hard-linked (copied where links fail) into the output dir as
     ``final.ckpt``, so it costs no space and outlives pruning. When recording, ``history.json``,
     ``plots/*.png`` and ``checkpoints/final.ckpt`` become artifacts of the run;
