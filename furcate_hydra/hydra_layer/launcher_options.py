@@ -171,7 +171,7 @@ class LauncherOptions:
 def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
     gpus = options["gpus"]
     if isinstance(gpus, ListConfig | tuple):
-        gpus = list(gpus)  # the slot planner validates the entries and says what is wrong
+        gpus = list(gpus)  # SlotOptions validates the entries and says what is wrong
     return SlotOptions(
         gpus=gpus,
         jobs_per_gpu=options["jobs_per_gpu"],
