@@ -49,7 +49,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "log_artifact",
     ),
     "session.executor": ("submit", "wait_any"),
-    "session.executor._server": ("receive", "start"),
+    "session.executor._transport._server": ("receive", "start"),
 }
 REQUIRED = (
     "composer.compose",

@@ -12,11 +12,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.execution.slots import plan_slots
 from furcate_hydra.hydra_layer.backends import plan_for
+from furcate_hydra.ray_backend.cluster import plan_ray_slots
+from furcate_hydra.ray_backend.options import RayOptions
 from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
 from tests.conftest import run_probe_sweep
 from tests.option_helpers import parse_launcher_options
 from tests.ray_cluster import RAY_MISSING, free_port
+from tests.test_slots import GIB, FakeProbe
 
 
 def check(options: dict[str, Any]) -> None:
@@ -39,6 +43,58 @@ def test_an_unknown_backend_is_named_with_the_allowed_ones() -> None:
     message = refused({"backend": "slurm"})
     assert "Invalid hydra.launcher.backend='slurm'" in message
     assert "local, ray" in message
+
+
+# Slot options that the local backend refuses: refused alike with backend=ray, before Ray is
+# imported or joined (the options check themselves, whatever the backend).
+RAY_BAD_SLOT_OPTIONS: list[tuple[dict[str, Any], str, object, str]] = [
+    ({"jobs_per_gpu": 0}, "jobs_per_gpu", 0, "set it to 1 or more"),
+    ({"jobs_per_gpu": -2}, "jobs_per_gpu", -2, "set it to 1 or more"),
+    ({"jobs_per_gpu": 2, "gpu_mem_per_job_gb": 4.0}, "jobs_per_gpu", 2, "pick one"),
+    ({"gpu_mem_per_job_gb": -1.0}, "gpu_mem_per_job_gb", -1.0, "the GPU memory one job needs"),
+    ({"max_jobs_per_gpu": 0}, "max_jobs_per_gpu", 0, "set it to 1 or more"),
+    ({"max_workers": 0}, "max_workers", 0, "set it to 1 or more"),
+    ({"cpus_per_job": 0}, "cpus_per_job", 0, "set it to 1 or more"),
+    ({"allow_cpu": "yes"}, "allow_cpu", "yes", "allow_cpu=true or false"),
+]
+
+
+@pytest.mark.parametrize(("options", "key", "value", "fix"), RAY_BAD_SLOT_OPTIONS)
+def test_bad_slot_options_are_refused_with_the_ray_backend_too(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], key: str, value: object, fix: str
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # refused before Ray is needed at all
+    with pytest.raises(FurcateConfigError) as raised:
+        parse_launcher_options({"backend": "ray", "ray": {"address": "auto"}, **options})
+    message = str(raised.value)
+    assert raised.value.key == f"hydra.launcher.{key}"
+    assert f"Invalid hydra.launcher.{key}={value!r}:" in message
+    assert "Fix:" in message and fix in message
+
+
+class FakeCluster:
+    """What ``plan_ray_slots`` asks of the ``ray`` module: the cluster's resources, its nodes."""
+
+    def __init__(self, gpus: float, cpus: float) -> None:
+        self.resources = {"GPU": gpus, "CPU": cpus}
+
+    def cluster_resources(self) -> dict[str, float]:
+        return dict(self.resources)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"Alive": True}]
+
+
+@pytest.mark.parametrize(("gb", "jobs"), [(9.5, 8), (30.0, 2), (100.0, 1), (4.0, 8)])
+def test_memory_sizing_gives_ray_the_share_the_local_backend_gives(gb: float, jobs: int) -> None:
+    # one GPU of 80 GiB (max_jobs_per_gpu: 8): locally its free memory, on Ray the size named
+    options = parse_launcher_options({"gpu_mem_per_job_gb": gb}).slots
+    local = plan_slots(
+        options, environ={}, probe=FakeProbe(["0"], {"0": 80 * GIB}), available_cpus=[0, 1]
+    )
+    ray_plan = plan_ray_slots(options, RayOptions(gpu_memory_gb=80.0), FakeCluster(1, 64))
+    assert len(local.slots) == len(ray_plan.slots) == jobs
+    assert ray_plan.gpus_per_slot == pytest.approx(1 / jobs)
 
 
 def test_a_malformed_address_is_named() -> None:

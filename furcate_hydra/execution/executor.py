@@ -20,7 +20,8 @@ The contract every implementation keeps:
 - Nothing starts before ``start``, ``wait_ready`` or the first ``submit``: an executor that
   never gets a job costs nothing.
 
-The local fork-server pool (``furcate_hydra.execution.local_pool``) is one implementation.
+``JobPool`` (``furcate_hydra.execution.job_pool``) keeps it for every backend, over a backend's
+``Transport``: the local fork server (``local_pool``), Ray slot actors (``ray_backend.pool``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from furcate_hydra.errors import FurcateConfigError
@@ -17,7 +17,7 @@ from furcate_hydra.execution.devices import (
     parse_cuda_visible_devices,
 )
 
-__all__ = ["Slot", "SlotOptions", "SlotPlan", "plan_slots"]
+__all__ = ["Slot", "SlotOptions", "SlotPlan", "jobs_on_gpu", "plan_slots"]
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,13 @@ class Slot:
 @dataclass(frozen=True)
 class SlotOptions:
     """Launcher options that shape the slots (``hydra.launcher`` keys of the same names, whose
-    defaults live in the launcher's config); see ``plan_slots`` for their meaning."""
+    defaults live in the launcher's config); see ``plan_slots`` for their meaning.
+
+    Checked when made, so every backend plans from valid options.
+
+    Raises:
+        FurcateConfigError: an option is invalid (the error names the key, value and fix).
+    """
 
     gpus: Sequence[int | str] | str | None
     jobs_per_gpu: int | None
@@ -59,6 +65,9 @@ class SlotOptions:
     max_workers: int | None
     cpus_per_job: int | None
     allow_cpu: bool
+
+    def __post_init__(self) -> None:
+        _validate(self)
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ def plan_slots(
         FurcateConfigError: An option is invalid, a named GPU does not exist, or no GPU was
             found and CPU is not allowed.
     """
-    explicit = _validate(options)
+    explicit = _explicit_gpus(options.gpus)
     environ = os.environ if environ is None else environ
     probe = probe or NvmlProbe()
     cpus = sorted(set(available_cpus)) if available_cpus is not None else _affinity()
@@ -192,8 +201,22 @@ def plan_slots(
     return SlotPlan(slots, source)
 
 
-def _validate(options: SlotOptions) -> list[str] | None:
-    """Check every option; return the explicit GPU ids normalised, or None to discover them."""
+def jobs_on_gpu(options: SlotOptions, memory_gib: Callable[[], float]) -> int:
+    """How many jobs share one GPU: ``jobs_per_gpu`` (default 1), or as many as
+    ``gpu_mem_per_job_gb`` fits in ``memory_gib()`` (asked only then), capped by
+    ``max_jobs_per_gpu``. The one sizing rule of every backend.
+
+    Raises:
+        FurcateConfigError: what ``memory_gib`` raises when the memory cannot be known.
+    """
+    gb = options.gpu_mem_per_job_gb
+    if gb is None:
+        return options.jobs_per_gpu or 1
+    return min(max(1, int(memory_gib() // gb)), options.max_jobs_per_gpu)
+
+
+def _validate(options: SlotOptions) -> None:
+    """Check every option (the GPUs named too), naming the key, the value and the fix."""
     fixes = {
         "jobs_per_gpu": "set it to 1 or more, or null for one job per GPU",
         "max_jobs_per_gpu": "set it to 1 or more (default 8)",
@@ -233,7 +256,7 @@ def _validate(options: SlotOptions) -> list[str] | None:
             "must be true or false",
             "set hydra.launcher.allow_cpu=true or false",
         )
-    return _explicit_gpus(options.gpus)
+    _explicit_gpus(options.gpus)
 
 
 def _explicit_gpus(gpus: object) -> list[str] | None:
@@ -316,20 +339,20 @@ def _installed_fix(key: str, installed: list[InstalledGpu]) -> str:
 
 
 def _jobs_on(device: str, options: SlotOptions, probe: GpuProbe) -> int:
-    """Number of slots one GPU gets."""
-    gb = options.gpu_mem_per_job_gb
-    if gb is None:
-        return options.jobs_per_gpu or 1
-    try:
-        free = probe.free_memory_bytes(device)
-    except RuntimeError as exc:
-        raise FurcateConfigError(
-            "hydra.launcher.gpu_mem_per_job_gb",
-            gb,
-            f"the free memory of GPU {device} cannot be read ({exc})",
-            "set hydra.launcher.jobs_per_gpu instead",
-        ) from exc
-    return min(max(1, int(free // (gb * 2**30))), options.max_jobs_per_gpu)
+    """Number of slots one GPU of this machine gets: sized by its free memory."""
+
+    def free_gib() -> float:
+        try:
+            return probe.free_memory_bytes(device) / 2**30
+        except RuntimeError as exc:
+            raise FurcateConfigError(
+                "hydra.launcher.gpu_mem_per_job_gb",
+                options.gpu_mem_per_job_gb,
+                f"the free memory of GPU {device} cannot be read ({exc})",
+                "set hydra.launcher.jobs_per_gpu instead",
+            ) from exc
+
+    return jobs_on_gpu(options, free_gib)
 
 
 def _core_blocks(cpus: list[int], n: int, per_job: int | None) -> list[tuple[int, ...] | None]:

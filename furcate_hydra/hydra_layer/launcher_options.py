@@ -15,7 +15,7 @@ from omegaconf import ListConfig
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
-from furcate_hydra.execution.local_pool import PoolOptions
+from furcate_hydra.execution.job_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
 from furcate_hydra.lightning_auto import AUTO, MODES
@@ -171,7 +171,7 @@ class LauncherOptions:
 def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
     gpus = options["gpus"]
     if isinstance(gpus, ListConfig | tuple):
-        gpus = list(gpus)  # the slot planner validates the entries and says what is wrong
+        gpus = list(gpus)  # SlotOptions validates the entries and says what is wrong
     return SlotOptions(
         gpus=gpus,
         jobs_per_gpu=options["jobs_per_gpu"],

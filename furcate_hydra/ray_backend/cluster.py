@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.slots import Slot, SlotOptions, SlotPlan
+from furcate_hydra.execution.slots import Slot, SlotOptions, SlotPlan, jobs_on_gpu
 from furcate_hydra.ray_backend.options import ADDRESS_KEY, BACKEND_KEY, RayOptions, parse_address
 
 __all__ = ["RaySlotPlan", "connect", "import_ray", "plan_ray_slots"]
@@ -149,20 +149,20 @@ def plan_ray_slots(options: SlotOptions, ray_options: RayOptions, ray: Any) -> R
 
 
 def _gpu_share(options: SlotOptions, ray_options: RayOptions) -> float:
-    """The fraction of one GPU a job asks Ray for."""
-    gb = options.gpu_mem_per_job_gb
-    if gb is None:
-        return 1.0 / (options.jobs_per_gpu or 1)
-    if ray_options.gpu_memory_gb is None:
-        raise FurcateConfigError(
-            "hydra.launcher.gpu_mem_per_job_gb",
-            gb,
-            "with backend=ray the launcher cannot read the GPUs' memory on other nodes",
-            "also set hydra.launcher.ray.gpu_memory_gb to the memory of one of the cluster's "
-            "GPUs, or use hydra.launcher.jobs_per_gpu",
-        )
-    jobs = min(max(1, int(ray_options.gpu_memory_gb // gb)), options.max_jobs_per_gpu)
-    return 1.0 / jobs
+    """The fraction of one GPU a job asks Ray for (``options`` were checked when made)."""
+
+    def gpu_memory_gib() -> float:
+        if ray_options.gpu_memory_gb is None:
+            raise FurcateConfigError(
+                "hydra.launcher.gpu_mem_per_job_gb",
+                options.gpu_mem_per_job_gb,
+                "with backend=ray the launcher cannot read the GPUs' memory on other nodes",
+                "also set hydra.launcher.ray.gpu_memory_gb to the memory of one of the "
+                "cluster's GPUs, or use hydra.launcher.jobs_per_gpu",
+            )
+        return ray_options.gpu_memory_gb
+
+    return 1.0 / jobs_on_gpu(options, gpu_memory_gib)
 
 
 def _check_answers(address: str | None, host: str, port: int) -> None:

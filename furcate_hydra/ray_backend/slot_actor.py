@@ -1,9 +1,9 @@
 """One Ray slot: a long-lived actor that keeps furcate's warm fork server and forks each job.
 
-    RayPool ──run(Start)──► SlotActor (a Ray worker, holds the slot's GPU share)
-                               └─► ForkServerClient ─► fork server ─► fresh job process
-            ◄─ forked(key) ─── (pid, fork time) the moment the job's process exists
-            ◄─ SlotResult ──── waits for the job's exit, reads its result file
+    RayTransport ──run(Start)──► SlotActor (a Ray worker, holds the slot's GPU share)
+                                    └─► ForkServerClient ─► fork server ─► fresh job process
+                 ◄─ forked(key) ─── (pid, fork time) the moment the job's process exists
+                 ◄─ SlotResult ──── waits for the job's exit, reads its result file
 
 Ray's own fresh worker per task (``max_calls=1``) costs seconds; a fork from the warm server
 costs milliseconds and still gives every job a fresh process. Ray sets ``CUDA_VISIBLE_DEVICES``

@@ -1,0 +1,419 @@
+"""The job lifecycle every backend shares: one ``Executor`` over a backend's ``Transport``.
+
+    submit(job) ──► queue ──► transport.has_room()? ──► place(job) ──► held
+                      ▲                                                 │ poll(): Started
+                      │ RETRYING (crashed, retries left)                │ ──► STARTED
+                      │ PREEMPTED (stopped from outside, limit left)    │ poll(): Ended
+                      └──────────────────────────────────── policy ◄────┘
+    wait_any() ◄── done ◄── ENDED: COMPLETED, FAILED, CRASHED, CANCELLED, PREEMPTED, LOST
+
+The pool owns the queue, the jobs held by the transport, the cancelled keys, the broken
+state, the retry / preemption / crash policy, progress polling and the events; a transport
+(``execution.transport``) only places jobs on slots and reports what became of them. Keeps the
+``Executor`` contract (``execution.executor``). Nothing here imports Hydra.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from furcate_hydra.errors import ExecutorBrokenError
+from furcate_hydra.execution import interrupts
+from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
+from furcate_hydra.execution.exits import describe_wait_status
+from furcate_hydra.execution.forkserver.protocol import ChildReport
+from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.transport import (
+    Broken,
+    Ended,
+    Placed,
+    Report,
+    Started,
+    Transport,
+    TransportBroken,
+)
+from furcate_hydra.preemption import PREEMPTION_SIGNALS
+from furcate_hydra.progress import JobProgress, read_progress
+
+__all__ = ["JobPool", "PoolOptions"]
+
+log = logging.getLogger(__name__)
+
+# How often running jobs' progress files are looked at, while anyone listens for PROGRESS.
+PROGRESS_POLL_S = 1.0
+# Longest a wait goes without looking for a Ctrl-C that Python lost (see interrupts.py).
+INTERRUPT_CHECK_S = 1.0
+
+_Pool = TypeVar("_Pool", bound="JobPool")
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How the pool treats its jobs (``hydra.launcher`` keys of the same names)."""
+
+    # re-run a job whose process crashed (not one that raised) up to this many times
+    max_retries: int
+    # queue a preempted job again (it was stopped from outside, not by the pool) this often
+    max_preemptions: int
+    # modules the fork server imports once so that jobs start warm; None: those the
+    # launcher's process has loaded (a forked server has them already)
+    preload: tuple[str, ...] | None
+    # copy each job's stdout/stderr onto the launcher's console as well as its log files
+    echo_output: bool
+    # time a stopped job gets between SIGTERM and SIGKILL
+    stop_grace_s: float
+    # fork a job per busy slot ahead, handed the slot the moment its job ends; off where no
+    # job may start after a failure (fail_fast): the server cannot tell a failed job's end
+    fork_ahead: bool = True
+
+
+class JobPool:
+    """Runs jobs through a transport, each job handed back once (see the module doc)."""
+
+    def __init__(self, transport: Transport, options: PoolOptions) -> None:
+        self.options = options
+        self._transport = transport
+        self._queue: collections.deque[JobRecord] = collections.deque()
+        self._held: dict[str, JobRecord] = {}  # placed: on a slot, or ahead of one
+        self._started: set[str] = set()  # held jobs whose STARTED was told
+        self._cancelled: set[str] = set()
+        self._done: list[JobRecord] = []
+        self._listeners: list[JobListener] = []
+        self._progress_seen: dict[str, int] = {}  # job key -> mtime_ns of its progress file
+        self._progress_polled = 0.0
+        self._broken: str | None = None
+        self._closed = False
+
+    # -- the Executor contract ---------------------------------------------------------
+
+    @property
+    def slot_count(self) -> int:
+        return self._transport.slot_count
+
+    @property
+    def idle_slots(self) -> int:
+        return self._transport.idle_slots
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + len(self._held) + len(self._done)
+
+    def describe(self) -> str:
+        return self._transport.describe()
+
+    def start(self) -> None:
+        self._transport.start()
+
+    def wait_ready(self) -> None:
+        self._transport.wait_ready()
+
+    def add_listener(self, listener: JobListener) -> None:
+        self._listeners.append(listener)
+
+    def set_context(self, context: bytes) -> None:
+        if self._broken is None:
+            self._call(self._transport.set_context, context)
+
+    def submit(self, job: JobRecord) -> None:
+        """Queue a job.
+
+        Raises:
+            ExecutorBrokenError: the pool is broken.
+            ValueError: a job of the same key is queued or running.
+        """
+        if self._broken is not None:
+            raise ExecutorBrokenError(
+                f"Job {job.name} cannot start: the {self._transport.name} is broken "
+                f"({self._broken}). Every job it held was recorded as failed; start the sweep "
+                "again to run what is left (finished configs are skipped)."
+            )
+        if job.key in self._held or any(queued.key == job.key for queued in self._queue):
+            raise ValueError(f"job key {job.key!r} is already queued or running")
+        self._transport.wait_ready()
+        job.state = JobState.QUEUED
+        self._queue.append(job)
+        self._dispatch()
+        # Take in jobs that ended meanwhile, so a caller busy submitting (composing configs)
+        # does not leave their slots idle until it next waits.
+        while self._broken is None and (reports := self._poll(0)):
+            self._handle(reports)
+
+    def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done and (self._held or self._queue):
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            if self._listeners and self._running():  # wake up for the next progress poll
+                due = max(0.0, self._progress_polled + PROGRESS_POLL_S - time.monotonic())
+                remaining = due if remaining is None else min(remaining, due)
+            interrupts.check()
+            # never block for long: a Ctrl-C Python lost is raised at the next check
+            remaining = (
+                INTERRUPT_CHECK_S if remaining is None else min(remaining, INTERRUPT_CHECK_S)
+            )
+            self._handle(self._poll(remaining))
+            self._poll_progress()
+        done, self._done = self._done, []
+        return done
+
+    def cancel(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            for job in list(self._queue):
+                if job.key == key:
+                    self._queue.remove(job)
+                    self._finish(job, JobState.CANCELLED, error="cancelled before it started")
+            held = self._held.get(key)
+            if held is not None and self._broken is None:
+                self._cancelled.add(key)  # back as CANCELLED when its process has ended
+                self._call(self._transport.stop, held)
+
+    def close(self) -> None:
+        """Stop every job still running and the transport's machinery; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        running = len(self._running())
+        if running and self._broken is None:
+            log.warning("Stopping %d running job(s) of the %s", running, self._transport.name)
+        self._transport.close()
+
+    # -- conveniences --------------------------------------------------------------------
+
+    def as_completed(self) -> Iterator[JobRecord]:
+        while self.pending:
+            yield from self.wait_any()
+
+    def run_all(self, jobs: Sequence[JobRecord]) -> list[JobRecord]:
+        """Submit every job, wait for all of them, return them in input order."""
+        for job in jobs:
+            self.submit(job)
+        by_key = {job.key: job for job in self.as_completed()}
+        return [by_key[job.key] for job in jobs]
+
+    def __enter__(self: _Pool) -> _Pool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the transport -------------------------------------------------------------------
+
+    def _call(self, hook: Any, *args: Any) -> None:
+        try:
+            hook(*args)
+        except TransportBroken as exc:
+            self._break(exc.reason)
+
+    def _poll(self, timeout: float) -> list[Report]:
+        try:
+            return self._transport.poll(timeout)
+        except TransportBroken as exc:
+            return [Broken(exc.reason)]
+
+    def _handle(self, reports: list[Report]) -> None:
+        """Take in what the transport reports; a job's end or a freed slot places queued jobs
+        (a job's start does not: a job queued again after it goes first, see ``_queue_again``)."""
+        room = False
+        for report in reports:
+            if self._broken is not None:
+                return
+            if isinstance(report, Broken):
+                self._break(report.reason)
+            elif isinstance(report, Started):
+                self._on_started(report)
+            elif isinstance(report, Ended):
+                self._on_ended(report)
+                room = True
+            else:
+                room = True
+        if room:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Place queued jobs, oldest first, while the transport has room."""
+        while self._queue and self._broken is None:
+            try:
+                if not self._transport.has_room():
+                    return
+                job = self._queue.popleft()
+                job.attempts += 1
+                # of an attempt that crashed or was preempted, if this is another
+                job.pid = job.started_at = job.ended_at = None
+                job.paths.output_dir.mkdir(parents=True, exist_ok=True)
+                self._held[job.key] = job
+                placed = self._transport.place(job)
+            except TransportBroken as exc:
+                self._break(exc.reason)
+                return
+            if placed is not None:
+                self._occupy(job, placed)
+
+    def _break(self, reason: str) -> None:
+        """The machinery died: every job held here is LOST, with the reason; no more submits."""
+        if self._broken is not None:
+            return
+        self._broken = reason
+        log.error("furcate: the %s is broken: %s", self._transport.name, reason)
+        self._transport.abandon()
+        for job in [*self._held.values(), *self._queue]:
+            self._finish(job, JobState.LOST, error=f"{reason}\n{job.paths.see_logs()}")
+        self._held.clear()
+        self._queue.clear()
+        self._started.clear()
+
+    # -- what happened to a job ------------------------------------------------------------
+
+    def _occupy(self, job: JobRecord, placed: Placed) -> None:
+        job.slot, job.node, job.state = placed.slot, placed.node, JobState.RUNNING
+
+    def _running(self) -> list[JobRecord]:
+        return [job for job in self._held.values() if job.state is JobState.RUNNING]
+
+    def _on_started(self, report: Started) -> None:
+        job = self._held.get(report.key)
+        if job is None:
+            return  # it ended meanwhile
+        if report.placed is not None:  # it leaves its gate for a slot
+            self._occupy(job, report.placed)
+        job.pid, job.started_at = report.pid, report.started_at
+        if job.key not in self._started:
+            self._started.add(job.key)
+            self._emit(EventKind.STARTED, job)
+
+    def _on_ended(self, ended: Ended) -> None:
+        job = self._held.pop(ended.key, None)
+        if job is None:
+            return
+        self._started.discard(job.key)
+        if ended.ended_at is not None:
+            job.ended_at = ended.ended_at
+        report = ended.report
+        if job.key in self._cancelled:
+            # the pool's own SIGTERM, though the job may have saved and said "preempted"
+            self._cancelled.discard(job.key)
+            if job.started_at is None:  # stopped before its process ran it
+                self._finish(job, JobState.CANCELLED, error="cancelled before it started")
+            else:
+                self._finish(job, JobState.CANCELLED, error="stopped by the launcher")
+        elif ended.start_error is not None:
+            self._finish(job, JobState.FAILED, error=ended.start_error)
+        elif ended.died is not None:
+            self._crashed(job, ended.died)
+        elif (why := _preempted(report, ended.wait_status)) is not None:
+            self._on_preempted(job, why)
+        elif report is not None and report.error is None:
+            self._finish(job, JobState.COMPLETED, value=report.value)
+        elif report is not None:
+            self._finish(job, JobState.FAILED, error=f"{report.error}\n{job.paths.see_logs()}")
+        else:
+            why = "the job's process ended without a result"
+            if ended.wait_status is not None:
+                why = describe_wait_status(ended.wait_status)
+            self._crashed(job, why if ended.where is None else f"{why} (on {ended.where})")
+
+    def _crashed(self, job: JobRecord, why: str) -> None:
+        """Retry the job if it has retries left (and the pool still runs), else CRASHED."""
+        if self._broken is None and job.attempts - job.preemptions <= self.options.max_retries:
+            log.warning(
+                "Job %s crashed (%s); retry %d of %d",
+                job.label or job.key,
+                why,
+                job.attempts,
+                self.options.max_retries,
+            )
+            self._queue_again(job, EventKind.RETRYING, why)
+        else:
+            self._finish(job, JobState.CRASHED, error=f"{why}\n{job.paths.see_logs()}")
+
+    def _on_preempted(self, job: JobRecord, why: str) -> None:
+        """Queue a preempted job again, or, past the limit, hand it back PREEMPTED; it resumes
+        from the checkpoint it saved, in its run."""
+        job.preemptions += 1
+        limit = self.options.max_preemptions
+        if job.preemptions > limit:
+            error = (
+                f"preempted {job.preemptions} times, more than hydra.launcher.max_preemptions="
+                f"{limit} allows (the last time: {why}); run the same command to resume it"
+                f"\n{job.paths.see_logs()}"
+            )
+            self._finish(job, JobState.PREEMPTED, error=error)
+            return
+        log.warning(
+            "Job %s %s; queued again to resume (preemption %d of %d)",
+            job.label or job.key,
+            why,
+            job.preemptions,
+            limit,
+        )
+        self._queue_again(job, EventKind.PREEMPTED, why)
+
+    def _queue_again(self, job: JobRecord, kind: EventKind, why: str) -> None:
+        """A retried or preempted job goes back first in the queue (it ran before any queued
+        job), told to the listeners as ``kind``."""
+        job.state = JobState.QUEUED
+        self._queue.appendleft(job)
+        self._emit(kind, job, why)
+
+    def _finish(self, job: JobRecord, state: JobState, **fields: Any) -> None:
+        self._progress_seen.pop(job.key, None)
+        job.state = state
+        for name, value in fields.items():
+            setattr(job, name, value)
+        if job.ended_at is None:
+            job.ended_at = time.time()
+        self._done.append(job)
+        self._emit(EventKind.ENDED, job)
+
+    def _poll_progress(self) -> None:
+        """A PROGRESS event for each running job whose progress file changed."""
+        now = time.monotonic()
+        if not self._listeners or now - self._progress_polled < PROGRESS_POLL_S:
+            return
+        self._progress_polled = now
+        for job in self._running():
+            try:
+                mtime = job.paths.progress.stat().st_mtime_ns
+            except OSError:
+                continue  # nothing reported yet (or the job's node does not share this disk)
+            if self._progress_seen.get(job.key) == mtime:
+                continue
+            progress = read_progress(job.paths.progress)
+            if progress is not None and (job.started_at or 0) <= progress.at:
+                self._progress_seen[job.key] = mtime
+                job.progress = progress
+                self._emit(EventKind.PROGRESS, job, progress=progress)
+
+    def _emit(
+        self,
+        kind: EventKind,
+        job: JobRecord,
+        detail: str = "",
+        progress: JobProgress | None = None,
+    ) -> None:
+        event = JobEvent(kind, job, detail, progress)
+        for listener in self._listeners:
+            listener(event)
+
+
+def _preempted(report: ChildReport | None, wait_status: int | None) -> str | None:
+    """What preempted a job, in words, or None: it raised JobPreempted (having saved), or a
+    preemption signal killed it (a task that does not train through ``fit``)."""
+    if report is not None:
+        return report.preempted
+    if wait_status is not None and os.WIFSIGNALED(wait_status):
+        signum = os.WTERMSIG(wait_status)
+        if signum in PREEMPTION_SIGNALS:
+            name = signal.Signals(signum).name
+            return (
+                f"preempted by {name} (its process ended by it; it resumes from its last "
+                "checkpoint)"
+            )
+    return None
