@@ -16,6 +16,7 @@ HEAVY = ("torch", "pytorch_lightning", "mlflow", "optuna", "matplotlib", "ray")
 HYDRA = ("hydra", "omegaconf")
 # Modules at the package's top, shared by every layer.
 SHARED = (
+    "furcate_hydra.addresses",
     "furcate_hydra.errors",
     "furcate_hydra.atomic",
     "furcate_hydra.layout",

@@ -21,6 +21,7 @@ from typing import Any
 
 from optuna.storages import BaseStorage
 
+from furcate_hydra.addresses import HostPort
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.tuning.storage import rdb_storage
 
@@ -38,10 +39,11 @@ def parse_grpc_url(url: str) -> tuple[str, int] | None:
     """``grpc://HOST:PORT`` as a pair; None when ``url`` is no such URL."""
     if not url.startswith(GRPC_PREFIX):
         return None
-    host, _, port = url[len(GRPC_PREFIX) :].rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        address = HostPort.parse(url[len(GRPC_PREFIX) :], "url", "")
+    except FurcateConfigError:
         return None
-    return host.strip("[]"), int(port)
+    return address.host, address.port
 
 
 class StudyProxy:
