@@ -28,13 +28,13 @@ from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.backends import sweeper_storage_proxy
 from furcate_hydra.hydra_layer.exclusion_filter import (
     GridFilter,
     refuse_wrong_types,
     unmatched_warning,
 )
 from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
+from furcate_hydra.hydra_layer.storage_proxy import sweeper_storage_proxy
 from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
 from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
