@@ -22,20 +22,17 @@ from hydra.core.override_parser.types import Override
 from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 
+from furcate_hydra.errors import PrivateApiMoved
+
 # The Hydra releases these names were read from (pyproject pins hydra-core>=1.3.2,<1.4).
 TESTED = "1.3.2 to 1.3.x"
 
 
-class HydraPrivateMoved(RuntimeError):
-    """A Hydra release no longer has a private name furcate reads."""
+class HydraPrivateMoved(PrivateApiMoved):
+    """An Hydra release no longer has a private name furcate reads."""
 
     def __init__(self, name: str, problem: str) -> None:
-        super().__init__(
-            f"furcate-hydra reads Hydra's private {name}, which hydra-core {hydra.__version__} "
-            f"{problem} (read from hydra-core {TESTED}). Fix: install a hydra-core of those "
-            "releases, or a furcate-hydra that supports this one."
-        )
-        self.name = name
+        super().__init__("Hydra", "hydra-core", hydra.__version__, TESTED, name, problem)
 
 
 try:

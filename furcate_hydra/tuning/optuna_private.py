@@ -20,22 +20,19 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial
 
+from furcate_hydra.errors import PrivateApiMoved
+
 __all__ = ["OptunaPrivateMoved", "grpc_servicer", "storage_of", "trial_id"]
 
 # The Optuna releases these names were read from (pyproject pins optuna>=4.0).
 TESTED = "4.x and 5.0"
 
 
-class OptunaPrivateMoved(RuntimeError):
+class OptunaPrivateMoved(PrivateApiMoved):
     """An Optuna release no longer has a private name furcate reads."""
 
     def __init__(self, name: str, problem: str) -> None:
-        super().__init__(
-            f"furcate-hydra reads Optuna's private {name}, which optuna {optuna.__version__} "
-            f"{problem} (read from optuna {TESTED}). Fix: install an optuna of those releases, "
-            "or a furcate-hydra that supports this one."
-        )
-        self.name = name
+        super().__init__("Optuna", "optuna", optuna.__version__, TESTED, name, problem)
 
 
 def _read(obj: object, owner: str, attribute: str) -> Any:
