@@ -9,6 +9,7 @@ __all__ = [
     "ForkServerError",
     "FurcateConfigError",
     "JobCrashedError",
+    "PrivateApiMoved",
     "name_list",
     "positive_seconds",
 ]
@@ -46,6 +47,20 @@ def name_list(key: str, value: object, what: str, example: str) -> tuple[str, ..
     if not all(isinstance(item, str) and item for item in items):
         raise FurcateConfigError(key, value, f"must be a list of {what}", f"set e.g. {example}")
     return tuple(str(item) for item in items)
+
+
+class PrivateApiMoved(RuntimeError):
+    """A release of a library no longer has a private name furcate reads (each library's
+    private names are read in one adapter, which says which releases they come from)."""
+
+    def __init__(self, library: str, dist: str, version: str, tested: str, name: str,
+                 problem: str) -> None:  # fmt: skip
+        super().__init__(
+            f"furcate-hydra reads {library}'s private {name}, which {dist} {version} "
+            f"{problem} (read from {dist} {tested}). Fix: install a {dist} of those "
+            "releases, or a furcate-hydra that supports this one."
+        )
+        self.name = name
 
 
 class JobCrashedError(RuntimeError):

@@ -16,6 +16,7 @@ HEAVY = ("torch", "pytorch_lightning", "mlflow", "optuna", "matplotlib", "ray")
 HYDRA = ("hydra", "omegaconf")
 # Modules at the package's top, shared by every layer.
 SHARED = (
+    "furcate_hydra.addresses",
     "furcate_hydra.errors",
     "furcate_hydra.atomic",
     "furcate_hydra.layout",
@@ -97,6 +98,15 @@ RULES = (
     ),
 )
 PLUGINS = ("furcate_launcher", "furcate_sweeper", "furcate_optuna_sweeper")
+# what a plugin may import of the project, beside its own package
+PLUGIN_MAY = (
+    *SHARED,
+    ENV_VARS,
+    "furcate_hydra.hydra_layer",
+    "furcate_hydra.store",
+    "furcate_hydra.sweeping",
+    "furcate_hydra.tuning",
+)
 
 
 def imports(path: Path) -> Iterator[str]:
@@ -133,6 +143,106 @@ def test_each_layer_imports_only_what_it_may(rule: Rule) -> None:
     assert violations(rule.folder, rule.project, rule.forbidden) == []
 
 
+# -- through other modules: what importing a module loads ----------------------------------
+#
+# An import inside a function is a door its module opens when it needs it (Ray, the Lightning
+# layer, a plugin's core): the rule of the module that holds it checks it, above. What a
+# module imports when it is itself imported (at its top, not under TYPE_CHECKING) comes with
+# it wherever it is used, so a layer must be allowed all of that, module after module.
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _loaded(body: list[ast.stmt]) -> Iterator[str]:
+    """The absolute imports that run when a module (or a class body) runs."""
+    for node in body:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.If):
+            yield from _loaded(node.orelse if _type_checking(node) else node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            handlers = [stmt for handler in node.handlers for stmt in handler.body]
+            yield from _loaded(node.body + handlers + node.orelse + node.finalbody)
+        elif isinstance(node, ast.With | ast.ClassDef):
+            yield from _loaded(node.body)
+
+
+def project_modules() -> dict[str, Path]:
+    found = {}
+    for root in ("furcate_hydra", "hydra_plugins"):
+        for path in (REPO / root).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def load_graph() -> dict[str, set[str]]:
+    """Each project module and the project modules importing it loads (with their packages:
+    importing ``a.b.c`` runs ``a`` and ``a.b``)."""
+    modules = project_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        loaded = set()
+        for imported in _loaded(ast.parse(path.read_text(), str(path)).body):
+            parts = imported.split(".")
+            loaded |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & modules.keys()
+        graph[name] = loaded - {name}
+    return graph
+
+
+def reached(graph: dict[str, set[str]], start: str, allowed: tuple[str, ...]) -> list[str]:
+    """The first chain of loads from ``start`` to a project module outside ``allowed``, or
+    an empty list (breadth first: the shortest such chain)."""
+    came_from: dict[str, str | None] = {start: None}
+    queue = [start]
+    for module in queue:
+        if module != start and not within(module, allowed):
+            chain = [module]
+            while (before := came_from[chain[-1]]) is not None:
+                chain.append(before)
+            return chain[::-1]
+        for imported in sorted(graph[module] - came_from.keys()):
+            came_from[imported] = module
+            queue.append(imported)
+    return []
+
+
+def transitive_violations(folder: str, allowed: tuple[str, ...]) -> list[str]:
+    graph = load_graph()
+    package = folder.replace("/", ".")
+    found = []
+    for module in sorted(m for m in graph if m == package or m.startswith(package + ".")):
+        chain = reached(graph, module, allowed)
+        if chain:
+            found.append(" loads ".join(chain))
+    return found
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.folder)
+def test_no_layer_reaches_what_it_may_not_import_through_another(rule: Rule) -> None:
+    assert transitive_violations(rule.folder, rule.project) == []
+
+
+def test_the_transitive_check_finds_a_chain_of_loads() -> None:
+    graph = {"a.x": {"b.y"}, "b.y": {"c.z"}, "c.z": set()}
+    assert reached(graph, "a.x", ("a", "b")) == ["a.x", "b.y", "c.z"]
+    assert reached(graph, "a.x", ("a", "b", "c")) == []
+    # what the sweeper reached before it had its own door to the Ray backend's store checks
+    real = load_graph()
+    assert "furcate_hydra.execution.local_pool" in real["furcate_hydra.hydra_layer.backends"]
+    chain = reached(real, "furcate_hydra.hydra_layer.backends", PLUGIN_MAY)
+    assert chain[0] == "furcate_hydra.hydra_layer.backends"
+    assert chain[-1].startswith(("furcate_hydra.execution", "furcate_hydra.ray_backend"))
+
+
 def test_lightning_auto_imports_the_lightning_layer_only_inside_functions() -> None:
     top_level = []
     for path in sorted((REPO / "furcate_hydra/lightning_auto").rglob("*.py")):
@@ -165,16 +275,11 @@ def test_the_shared_modules_import_no_layer_and_no_hydra() -> None:
 
 @pytest.mark.parametrize("plugin", PLUGINS)
 def test_a_plugin_uses_the_hydra_layer_not_another_plugin_nor_the_executor(plugin: str) -> None:
-    allowed = (
-        *SHARED,
-        ENV_VARS,
-        "furcate_hydra.hydra_layer",
-        "furcate_hydra.store",
-        "furcate_hydra.sweeping",
-        "furcate_hydra.tuning",
-        f"hydra_plugins.{plugin}",
-    )
+    allowed = (*PLUGIN_MAY, f"hydra_plugins.{plugin}")
     assert violations(f"hydra_plugins/{plugin}", allowed, ("torch", "pytorch_lightning")) == []
+    # nor through the hydra layer: a sweeper runs with any launcher, and the launcher plugin
+    # reaches the executor only inside launch(), through the launch session
+    assert transitive_violations(f"hydra_plugins/{plugin}", allowed) == []
 
 
 @pytest.mark.parametrize("plugin", PLUGINS)

@@ -154,8 +154,8 @@ def test_a_sqlite_store_on_a_cluster_stops_the_cli_before_any_job(
 def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
     tmp_path: Path,
 ) -> None:
-    from furcate_hydra.hydra_layer.backends import sweeper_storage_proxy
     from furcate_hydra.hydra_layer.options import OptionError
+    from furcate_hydra.hydra_layer.storage_proxy import sweeper_storage_proxy
 
     key = "hydra.sweeper.storage"
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -167,6 +167,10 @@ def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
         13000,
     )
     # the local backend, a Ray instance of this machine, or an RDB server: opened as it is
+    from furcate_hydra.hydra_layer import storage_proxy
+    from furcate_hydra.ray_backend.options import Backend
+
+    assert Backend.RAY.value == storage_proxy._RAY  # the door's spelling of the option
     assert sweeper_storage_proxy({"backend": "local"}, key, storage, None) is None
     assert sweeper_storage_proxy({"backend": "ray", "ray": {}}, key, storage, None) is None
     server = "postgresql+psycopg2://user:pw@db.example/optuna"
@@ -182,8 +186,8 @@ def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
 def test_a_served_study_without_a_head_to_route_to_asks_for_the_proxy_address(
     tmp_path: Path,
 ) -> None:
-    from furcate_hydra.hydra_layer.backends import sweeper_storage_proxy
     from furcate_hydra.hydra_layer.options import OptionError
+    from furcate_hydra.hydra_layer.storage_proxy import sweeper_storage_proxy
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     launcher = {"backend": "ray", "ray": {"address": "auto"}}

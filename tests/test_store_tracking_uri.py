@@ -30,6 +30,8 @@ from tests.conftest import REPO
         (None, {ENV_KEY: ""}, "sqlite:////home/me/project/mlflow.db", URI_KEY),
         (None, {}, "sqlite:////home/me/project/mlflow.db", URI_KEY),
         ("sqlite:///rel/x.db", {}, "sqlite:////home/me/project/rel/x.db", URI_KEY),
+        ("sqlite:///x.db?timeout=20", {}, "sqlite:////home/me/project/x.db?timeout=20", URI_KEY),
+        ("sqlite://x.db", {}, "sqlite://x.db", URI_KEY),  # malformed: the check names it
         (None, {ENV_KEY: "sqlite:///x.db"}, "sqlite:////home/me/project/x.db", ENV_KEY),
         ("sqlite:///:memory:", {}, "sqlite:///:memory:", URI_KEY),
         ("sqlite://", {}, "sqlite://", URI_KEY),
@@ -88,6 +90,19 @@ def test_a_damaged_sqlite_store_is_refused_naming_the_file(tmp_path: Path) -> No
     assert error.problem.startswith(f"the file {path} is not a sqlite database")
     assert error.problem.endswith("; nothing was written to it")
     assert error.fix.startswith(f"restore {path} from a copy")
+
+
+def test_a_sqlite_urls_options_are_not_part_of_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "mlflow.db"
+    path.write_bytes(b"<html>not a store</html>" * 10)
+    tracking = TrackingUri(f"sqlite:///{path}?timeout=20", ENV_KEY)
+    assert tracking.sqlite_path == path
+    assert config_error(tracking).problem.startswith(f"the file {path} is not a sqlite database")
+
+
+@pytest.mark.parametrize("uri", ["sqlite://mlflow.db", "sqlite:/mlflow.db"])
+def test_a_malformed_sqlite_url_is_refused_with_the_two_spellings(uri: str) -> None:
+    assert "sqlite:///mlflow.db" in config_error(TrackingUri(uri, URI_KEY)).fix
 
 
 @pytest.mark.parametrize("uri", ["file:///tmp/mlruns", "ftp://host/x", "/tmp/mlruns", "mlruns"])

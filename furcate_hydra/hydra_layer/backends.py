@@ -6,27 +6,18 @@ LauncherOptions.backend ── local ─► plan_slots (this machine)  ─► Lo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
-from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import WarmContext
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
-from furcate_hydra.hydra_layer.options import as_option_error
-from furcate_hydra.ray_backend.options import (
-    Backend,
-    RayOptions,
-    address_toward,
-    check_store_reachable,
-    served_by_proxy,
-)
+from furcate_hydra.ray_backend.options import Backend, check_store_reachable
 from furcate_hydra.store import resolve_tracking_uri
 
-__all__ = ["plan_for", "start_executor", "sweeper_storage_proxy"]
+__all__ = ["plan_for", "start_executor"]
 
 
 def plan_for(options: LauncherOptions) -> SlotPlan:
@@ -67,29 +58,3 @@ def start_executor(
     return RayPool(
         plan, context, options.pool, import_ray(), options.ray.start_timeout_s, owns_ray=True
     )
-
-
-def sweeper_storage_proxy(
-    launcher: Mapping[str, Any] | None, key: str, uri: str, proxy: tuple[str, int] | None
-) -> tuple[str, int] | None:
-    """Where the sweeper serves its storage to the launcher's Ray nodes, or None: jobs open
-    ``uri`` itself.
-
-    ``launcher``: ``hydra.launcher`` as configured (another launcher than furcate's, or the
-    local backend, needs nothing served). ``proxy``: ``hydra.sweeper.storage_proxy`` as
-    (host, port), port 0 for any; unset, the address on the route to the cluster's head.
-
-    Raises:
-        OptionError: ``uri`` is a file the nodes cannot reach and cannot be served, or no
-            address for the proxy is known.
-    """
-    if not launcher or launcher.get("backend") != Backend.RAY.value:
-        return None
-    try:
-        ray = RayOptions.parse(launcher.get("ray") or {})
-        check_store_reachable(key, uri, ray)
-        if not served_by_proxy(key, uri, ray):
-            return None
-        return proxy if proxy is not None else (address_toward(ray), 0)
-    except FurcateConfigError as exc:
-        raise as_option_error(exc) from None

@@ -16,12 +16,13 @@ import logging
 import pickle
 from collections.abc import Sequence
 
-from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.plugins.config_source import ConfigLoadError
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from furcate_hydra.hydra_layer.hydra_private import apply_overrides, get_overrides_dirname
 
 __all__ = ["SweepComposer"]
 
@@ -101,7 +102,7 @@ class SweepComposer:
             base = self._bases[groups] = pickle.dumps(self._hydra(list(groups)))
         config: DictConfig = pickle.loads(base)
         values = [o for o in parsed if (o.input_line or "") not in groups]
-        ConfigLoaderImpl._apply_overrides_to_config(values, config)
+        apply_overrides(values, config)
         job = config.hydra.job
         with open_dict(config.hydra):
             config.hydra.overrides.task = [o.input_line for o in parsed]

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
-from hydra._internal.callbacks import Callbacks
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from furcate_hydra.hydra_layer.hydra_private import Callbacks, returned
 from furcate_hydra.lightning_auto import install_for_job
 
 __all__ = ["HydraJobContext", "JobOutcome", "RemoteTraceback", "job_payload"]
@@ -79,7 +79,7 @@ class HydraJobContext:
         )
         if job_return.status != JobStatus.FAILED:
             return JobOutcome(job_return)
-        error = job_return._return_value
+        error = returned(job_return)
         text = "".join(traceback.format_exception(error))
         # Also into the job's stderr.log, next to whatever the job printed before failing.
         print(text, file=sys.stderr, flush=True)

@@ -40,6 +40,7 @@ from furcate_hydra.execution.executor import EventKind, JobEvent
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.hydra_layer.backends import plan_for, start_executor
 from furcate_hydra.hydra_layer.compose import SweepComposer
+from furcate_hydra.hydra_layer.hydra_private import returned
 from furcate_hydra.hydra_layer.job_context import (
     HydraJobContext,
     JobOutcome,
@@ -514,7 +515,7 @@ class LaunchSession:
         if job.state is JobState.COMPLETED and isinstance(job.value, JobOutcome):
             job_return = job.value.job_return
             if job.value.traceback is not None:
-                error = job_return._return_value
+                error = returned(job_return)
                 logs = f"\n{job.paths.see_logs()}"
                 error.__cause__ = RemoteTraceback(job.value.traceback + logs)
             return job_return
@@ -640,7 +641,7 @@ def streaming(session: LaunchSession) -> Iterator[None]:
 def _error_text(job: JobRecord, job_return: JobReturn) -> str:
     """Why a job did not finish, in words."""
     if job.state is JobState.COMPLETED:  # the task raised: the exception says why
-        error = job_return._return_value
+        error = returned(job_return)
         return f"{type(error).__name__}: {error}"
     return job.error or job.state.value
 

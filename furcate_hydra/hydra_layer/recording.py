@@ -32,6 +32,7 @@ from furcate_hydra import env_vars
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.job import JobRecord, JobState
 from furcate_hydra.hydra_layer.command_line import given_overrides
+from furcate_hydra.hydra_layer.hydra_private import returned
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
 from furcate_hydra.hydra_layer.launcher_options import StoreOptions
 from furcate_hydra.hydra_layer.streaming import JobRun
@@ -511,8 +512,8 @@ def _outcome(job: JobRecord, job_return: JobReturn) -> tuple[RunStatus, Any, str
     if job.state in (JobState.CANCELLED, JobState.PREEMPTED):  # resumed by the next run
         return RunStatus.KILLED, None, job.error
     if job_return.status is JobStatus.COMPLETED:
-        return RunStatus.FINISHED, job_return._return_value, None
-    error = job_return._return_value
+        return RunStatus.FINISHED, job_return.return_value, None
+    error = returned(job_return)
     text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
     return RunStatus.FAILED, None, text
 

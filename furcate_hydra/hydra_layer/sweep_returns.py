@@ -23,6 +23,8 @@ from typing import Any, overload
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 
+from furcate_hydra.hydra_layer.hydra_private import returned
+
 __all__ = ["ReturnBatch", "SweepReturns"]
 
 # failed jobs named in the sweep's closing error line
@@ -54,7 +56,7 @@ class SweepReturns:
         """Keep job ``num``'s JobReturn (on disk unless it cannot be pickled)."""
         if job_return.status is JobStatus.FAILED:
             self._count_failure(num, job_return)
-        value = job_return._return_value
+        value = returned(job_return)
         # pickle drops an exception's __cause__: the job's own traceback, kept apart
         cause = value.__cause__ if isinstance(value, BaseException) else None
         self._nums.append(num)
@@ -96,7 +98,7 @@ class SweepReturns:
             zlib.decompress(os.pread(self._file.fileno(), length, offset))
         )
         if cause is not None:
-            job_return._return_value.__cause__ = cause
+            returned(job_return).__cause__ = cause
         assert isinstance(job_return, JobReturn)
         return job_return
 

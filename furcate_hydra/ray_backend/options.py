@@ -11,8 +11,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
 
+from furcate_hydra.addresses import HostPort, StoreAddress
 from furcate_hydra.errors import FurcateConfigError, positive_seconds
 
 __all__ = [
@@ -132,16 +132,14 @@ def parse_address(address: object) -> tuple[str, int] | None:
         raise FurcateConfigError(ADDRESS_KEY, address, "must be a string", fix)
     if address == "auto" or address.startswith("ray://"):
         return None
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise FurcateConfigError(ADDRESS_KEY, address, "is not auto nor HOST:PORT", fix)
-    return host, int(port)
+    parsed = HostPort.parse(address, ADDRESS_KEY, fix)
+    return parsed.host, parsed.port
 
 
 def served_by_proxy(key: str, uri: str, ray: RayOptions) -> bool:
     """Whether the sweeper must serve its Optuna storage ``uri`` to the cluster's nodes: a
     sqlite file on this machine, and jobs that may run on others."""
-    return key.endswith("storage") and not ray.on_this_machine and uri.startswith("sqlite:")
+    return key.endswith("storage") and not ray.on_this_machine and StoreAddress.parse(uri).is_sqlite
 
 
 def check_store_reachable(key: str, uri: str, ray: RayOptions) -> None:
@@ -165,7 +163,7 @@ def check_store_reachable(key: str, uri: str, ray: RayOptions) -> None:
             f"or leave {ADDRESS_KEY} unset to run on this machine only"
         )
     else:
-        local = urlparse(uri).scheme in _LOCAL_SCHEMES
+        local = StoreAddress.parse(uri).scheme in _LOCAL_SCHEMES
         fix = (
             "run `mlflow server --backend-store-uri postgresql://... --host 0.0.0.0 --port 5000` "
             f"on a machine every node reaches and set {key}=http://THAT_HOST:5000, "
@@ -192,24 +190,25 @@ def address_toward(ray: RayOptions) -> str:
     """
     address = ray.address or ""
     head = address[len("ray://") :] if address.startswith("ray://") else address
-    host, _, port = head.rpartition(":")
     fix = (
         f"set {PROXY_KEY}=HOST:PORT (or HOST alone, for any free port): an address of this "
         "machine that every node of the Ray cluster reaches"
     )
     unset = "unset: the sweeper serves its sqlite study to the Ray nodes through Optuna's gRPC "
-    if not host or not port.isdigit():
+    try:
+        head_address = HostPort.parse(head, ADDRESS_KEY, fix)
+    except FurcateConfigError:
         raise FurcateConfigError(
             PROXY_KEY,
             None,
             f"{unset}proxy, and {ADDRESS_KEY}={address} names no head from which to find the "
             "address at which the nodes reach this machine",
             fix,
-        )
+        ) from None
     try:
-        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        family = socket.AF_INET6 if ":" in head_address.host else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((host.strip("[]"), int(port)))
+            probe.connect((head_address.host, head_address.port))
             local: str = probe.getsockname()[0]
     except OSError as exc:
         raise FurcateConfigError(

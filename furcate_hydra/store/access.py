@@ -157,8 +157,7 @@ class StoreAccess:
 
 
 def _sqlite_path(tracking: TrackingUri) -> Path | None:
-    """The file of a sqlite store (absolute, see resolve_tracking_uri); None for another."""
-    prefix = "sqlite:///"
-    if not tracking.uri.startswith(prefix) or "?" in tracking.uri:
-        return None
-    return Path(tracking.uri[len(prefix) :])
+    """The file of a sqlite store (absolute, see resolve_tracking_uri); None for another, and
+    for a URL with options (``?…``), which sqlite3 here would not apply: MLflow reads it."""
+    address = tracking.address
+    return None if address.query else address.sqlite_path

@@ -119,13 +119,14 @@ class RunStore:
         if not checked:
             check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
+        self._sqlite_path = tracking.sqlite_path
         global _opened
         _opened = True
         with creating_store(tracking):
             self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
         self.experiment_id = self._experiment(experiment_name)
-        if sqlite_wal and tracking.uri.startswith("sqlite:///"):
-            _use_wal(tracking.uri[len("sqlite:///") :])
+        if sqlite_wal and self._sqlite_path is not None:
+            _use_wal(str(self._sqlite_path))
         self.experiment_name = experiment_name
         self.identity = LauncherIdentity.current()
         self.heartbeat_s = heartbeat_s
@@ -142,8 +143,7 @@ class RunStore:
         them."""
         import mlflow.tracking
 
-        scheme = tracking.uri.split(":", 1)[0].split("+")[0]
-        if scheme in ("sqlite", "postgresql", "mysql", "mssql"):
+        if tracking.address.scheme in ("sqlite", "postgresql", "mysql", "mssql"):
             ignore_mlflow_sqlalchemy_deprecation()
             import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
@@ -422,9 +422,9 @@ class RunStore:
     def _artifacts(self) -> str | None:
         # Next to a sqlite file rather than under whatever directory the launcher runs in, so
         # the store and its artifacts stay together (MLflow's ./mlruns when run beside it).
-        if not self.tracking_uri.startswith("sqlite:///"):
+        if self._sqlite_path is None:
             return None
-        return str(Path(self.tracking_uri[len("sqlite:///") :]).parent / "mlruns")
+        return str(self._sqlite_path.parent / "mlruns")
 
     def _liveness(self, records: Iterable[RunRecord]) -> Gone:
         """``launcher_gone`` for these records' RUNNING runs (liveness.py)."""

@@ -114,7 +114,7 @@ class SweepReader:
 
     def _open(self, tracking: TrackingUri, lookup_only: bool = False) -> None:
         """Connect, and find the sweep run (by the record's id, else by its sweep dir tag)."""
-        if lookup_only and _missing_sqlite(tracking.uri):
+        if lookup_only and _missing_sqlite(tracking):
             return  # no default store here: the dir's own files are all there is
         self.client = open_client(tracking)
         self.tracking_uri = tracking.uri
@@ -303,21 +303,22 @@ def open_client(tracking: TrackingUri) -> Any:
     (MLflow would create an empty store instead)."""
     from mlflow.tracking import MlflowClient
 
-    if _missing_sqlite(tracking.uri):
+    if _missing_sqlite(tracking):
         raise FurcateConfigError(
             tracking.source,
             tracking.uri,
             "no such sqlite file",
             "point it at the store's file (an absolute path: sqlite:////abs/path/mlflow.db)",
         )
-    if not tracking.uri.startswith("sqlite:///"):
+    if tracking.sqlite_path is None:
         check_tracking_uri(tracking)
     ignore_mlflow_sqlalchemy_deprecation()  # a SQL store warns when MLflow loads it
     return MlflowClient(tracking.uri)
 
 
-def _missing_sqlite(uri: str) -> bool:
-    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file()
+def _missing_sqlite(tracking: TrackingUri) -> bool:
+    path = tracking.sqlite_path
+    return path is not None and not path.is_file()
 
 
 def _record_of(run: Any) -> RunRecord:

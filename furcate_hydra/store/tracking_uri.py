@@ -10,8 +10,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
+from furcate_hydra.addresses import StoreAddress
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.sqlite_health import sqlite_damage
 from furcate_hydra.sqlite_lock import creating_sqlite_schema
@@ -39,9 +39,14 @@ class TrackingUri:
     source: str
 
     @property
+    def address(self) -> StoreAddress:
+        return StoreAddress.parse(self.uri)
+
+    @property
     def sqlite_path(self) -> Path | None:
-        """The file of a sqlite store (``sqlite:///<path>``); None for any other store."""
-        return Path(self.uri[len("sqlite:///") :]) if self.uri.startswith("sqlite:///") else None
+        """The file of a sqlite store (absolute, see ``resolve_tracking_uri``); None for any
+        other store."""
+        return self.address.sqlite_path
 
 
 def resolve_tracking_uri(
@@ -60,10 +65,9 @@ def resolve_tracking_uri(
         uri, source = environ[ENV_KEY], ENV_KEY
     else:
         uri, source = DEFAULT_TRACKING_URI, URI_KEY
-    if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///") :]
-        if path and not path.startswith("/") and path != ":memory:":
-            uri = "sqlite:///" + str((cwd or Path.cwd()) / path)
+    address = StoreAddress.parse(uri)
+    if address.sqlite_path is not None:
+        uri = address.absolute(cwd or Path.cwd()).url
     return TrackingUri(uri, source)
 
 
@@ -75,11 +79,11 @@ def check_tracking_uri(tracking: TrackingUri, timeout_s: float = 5.0) -> None:
     writes into it.
     """
     uri, key = tracking.uri, tracking.source
+    address = StoreAddress.parse(uri).checked(key)
     # MLflow's own spelling of a Databricks workspace is the bare word, which has no scheme.
-    scheme = urlparse(uri).scheme or ("databricks" if uri == "databricks" else "")
-    base = scheme.split("+")[0]
+    base = address.scheme or ("databricks" if uri == "databricks" else "")
     if base == "sqlite":
-        _check_sqlite(uri, key)
+        _check_sqlite(address, key)
     elif base in ("http", "https"):
         _check_server(uri, key, timeout_s)
     elif base not in _SQL_SCHEMES and base != "databricks":
@@ -98,23 +102,24 @@ def creating_store(tracking: TrackingUri) -> Iterator[None]:
     """Hold while opening the first MLflow client on the store: a sqlite file's schema is
     created (and migrated) by one process at a time. A server creates its own schema; other
     databases are left to their administrators."""
-    if not tracking.uri.startswith("sqlite:///"):
+    path = tracking.sqlite_path
+    if path is None:
         yield
         return
-    with creating_sqlite_schema(Path(tracking.uri[len("sqlite:///") :])):
+    with creating_sqlite_schema(path):
         yield
 
 
-def _check_sqlite(uri: str, key: str) -> None:
-    path = uri[len("sqlite:///") :]
-    if not path or path == ":memory:":
+def _check_sqlite(address: StoreAddress, key: str) -> None:
+    uri, path = address.url, address.sqlite_path
+    if path is None:
         raise FurcateConfigError(
             key,
             uri,
             "an in-memory sqlite store vanishes with each process, so jobs cannot share it",
             f"use a file, e.g. {DEFAULT_TRACKING_URI}",
         )
-    folder = Path(path).parent
+    folder = path.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise FurcateConfigError(
             key,
@@ -123,10 +128,10 @@ def _check_sqlite(uri: str, key: str) -> None:
             "create the folder, or point the URI at a writable path",
         )
     # Before MLflow opens it: MLflow writes (schema migrations, WAL) as it opens a store.
-    damage = sqlite_damage(Path(path))
+    damage = sqlite_damage(path)
     if damage is not None:
         raise FurcateConfigError(
-            key, uri, f"{damage.problem}; nothing was written to it", damage.fix(Path(path))
+            key, uri, f"{damage.problem}; nothing was written to it", damage.fix(path)
         )
 
 

@@ -21,7 +21,9 @@ from typing import Any
 
 from optuna.storages import BaseStorage
 
+from furcate_hydra.addresses import HostPort
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.tuning.optuna_private import OptunaPrivateMoved, grpc_servicer
 from furcate_hydra.tuning.storage import rdb_storage
 
 __all__ = ["GRPC_PREFIX", "StudyProxy", "open_job_storage", "parse_grpc_url"]
@@ -38,10 +40,11 @@ def parse_grpc_url(url: str) -> tuple[str, int] | None:
     """``grpc://HOST:PORT`` as a pair; None when ``url`` is no such URL."""
     if not url.startswith(GRPC_PREFIX):
         return None
-    host, _, port = url[len(GRPC_PREFIX) :].rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        address = HostPort.parse(url[len(GRPC_PREFIX) :], "url", "")
+    except FurcateConfigError:
         return None
-    return host.strip("[]"), int(port)
+    return address.host, address.port
 
 
 class StudyProxy:
@@ -65,20 +68,13 @@ class StudyProxy:
                 "serving the sqlite study to the Ray nodes needs gRPC, which is not installed",
                 _GRPC_MISSING,
             ) from None
-        # Private in Optuna: its public run_grpc_proxy_server blocks for good, cannot be
-        # stopped, and does not tell the port it bound.
         try:
-            from optuna.storages._grpc.auto_generated.api_pb2_grpc import (
-                add_StorageServiceServicer_to_server,
-            )
-            from optuna.storages._grpc.servicer import OptunaStorageProxyService
-        except ImportError as exc:  # a later Optuna moved them
-            import optuna
-
+            add_servicer, servicer = grpc_servicer()
+        except OptunaPrivateMoved as exc:  # a later Optuna moved them
             raise FurcateConfigError(
                 key,
                 f"{host}:{port}",
-                f"Optuna {optuna.__version__}'s gRPC proxy cannot be started here ({exc})",
+                f"Optuna's gRPC proxy cannot be started here ({exc})",
                 "use an RDB storage on a database server every node reaches, e.g. "
                 "hydra.sweeper.storage=postgresql+psycopg2://USER:PASSWORD@DBHOST/optuna",
             ) from None
@@ -91,9 +87,7 @@ class StudyProxy:
             ThreadPoolExecutor(max_workers=_SERVER_THREADS, thread_name_prefix="optuna-proxy"),
             options=[("grpc.so_reuseport", 0)],
         )
-        add_StorageServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            OptunaStorageProxyService(storage), server
-        )
+        add_servicer(servicer(storage), server)
         shown = f"[{host}]" if ":" in host else host
         try:
             bound = server.add_insecure_port(f"{shown}:{port}")

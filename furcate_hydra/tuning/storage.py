@@ -5,11 +5,11 @@ Imports Optuna only (no torch), for the sweeper's process as well as the jobs.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from optuna.storages import RDBStorage
 
+from furcate_hydra.addresses import StoreAddress
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.sqlite_health import sqlite_damage
 from furcate_hydra.sqlite_lock import creating_sqlite_schema
@@ -24,9 +24,10 @@ def rdb_storage(url: str, *, create_tables: bool = True) -> RDBStorage:
     """An RDB storage that waits for sqlite's lock; ``create_tables=False`` where the study is
     known to exist (a trial's job), so that no job runs Optuna's table set-up."""
     engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
+    address = StoreAddress.parse(url)
+    if address.is_sqlite:
         engine_kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-    database = _sqlite_file(url)
+    database = address.sqlite_path
     if not create_tables or database is None:
         return RDBStorage(url, engine_kwargs=engine_kwargs, skip_table_creation=not create_tables)
     # Optuna creates its tables with no lock: two processes opening a new file at once both
@@ -35,28 +36,13 @@ def rdb_storage(url: str, *, create_tables: bool = True) -> RDBStorage:
         return RDBStorage(url, engine_kwargs=engine_kwargs)
 
 
-def _sqlite_file(url: str) -> Path | None:
-    """The file of a sqlite URL, or None for other databases and in-memory sqlite."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return None
-    database = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
-        return None
-    return Path(database)
-
-
 def check_sqlite_storage(url: str, key: str) -> None:
     """Refuse a damaged sqlite file before Optuna opens it (which writes: tables, a study).
 
     Raises:
         FurcateConfigError: naming ``key``, the URL, what is wrong with the file and the fix.
     """
-    database = _sqlite_file(url)  # not a URL at all: Optuna says so
+    database = StoreAddress.parse(url).checked(key).sqlite_path  # no URL at all: Optuna says
     if database is None:
         return
     damage = sqlite_damage(database)

@@ -28,18 +28,19 @@ from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.backends import sweeper_storage_proxy
 from furcate_hydra.hydra_layer.exclusion_filter import (
     GridFilter,
     refuse_wrong_types,
     unmatched_warning,
 )
 from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
+from furcate_hydra.hydra_layer.storage_proxy import sweeper_storage_proxy
 from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
 from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.sweeping.rule_reach import Domain, unmatched_rules
+from furcate_hydra.tuning.optuna_private import storage_of, trial_id
 from hydra_plugins.furcate_optuna_sweeper._all_failed import FailedTrial, every_trial_failed
 from hydra_plugins.furcate_optuna_sweeper._in_flight import trials_in_flight
 from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
@@ -295,8 +296,9 @@ class StudySweep:
         number = trial.user_attrs.get(Attrs.RETRY_OF)
         if not isinstance(number, int):
             return
-        storage = self.study._storage
-        old_id = storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+        storage = trial.storage
+        study_id = storage.get_study_id_from_name(self.study.study_name)
+        old_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
         for step, value in sorted(storage.get_trial(old_id).intermediate_values.items()):
             trial.report(value, step)
 
@@ -312,9 +314,9 @@ class StudySweep:
         if self.streaming is not None:
             run = self.streaming.job_run(key)
             run_id, skipped = run.run_id, run.skipped
-        storage = self.study._storage
+        storage = trial.storage
         if leader is not None:
-            ran = storage.get_trial(leader.trial._trial_id)
+            ran = storage.get_trial(trial_id(leader.trial))
             self._set_attr(trial, Attrs.FROM_RECORD, run_id or f"trial {ran.number}")
             for step, value in sorted(ran.intermediate_values.items()):
                 trial.report(value, step)
@@ -333,7 +335,7 @@ class StudySweep:
                 recorded.state or "FINISHED",
             )
         else:
-            attrs = storage.get_trial(trial._trial_id).system_attrs
+            attrs = storage.get_trial(trial_id(trial)).system_attrs
             pruned = env_vars.PRUNED_AT_EPOCH_ATTR in attrs
             if pruned and self.streaming is not None:  # ran here: the summary names its epoch
                 epoch = attrs[env_vars.PRUNED_AT_EPOCH_ATTR]
@@ -362,7 +364,7 @@ class StudySweep:
         if leader is None:
             self.returns.add(job.num, job_return)
         if self.runs is not None and run_id is not None and not skipped and leader is None:
-            self.runs.annotate(run_id, storage.get_trial(trial._trial_id))
+            self.runs.annotate(run_id, storage.get_trial(trial_id(trial)))
         if outcome.failed:
             assert outcome.error is not None
             self.failed += 1
@@ -378,24 +380,24 @@ class StudySweep:
         this sweeper asked that is still RUNNING: an interrupt inside an ask, or between an
         ask and the job's submission (frequent while trials are asked ahead of busy slots),
         leaves one in no list."""
-        storage = self.study._storage
-        ids = [trial._trial_id for trial in trials]
+        storage = storage_of(self.study)
+        ids = [trial_id(trial) for trial in trials]
         try:
             ids += [
-                frozen._trial_id
+                trial_id(frozen)
                 for frozen in owned_running(self.study, self._identity)
-                if frozen._trial_id not in ids
+                if trial_id(frozen) not in ids
             ]
         except Exception as exc:  # still stopping: the next sweep recovers them as dead
             log.warning("furcate_optuna: trials asked but not yet submitted left RUNNING: %s", exc)
-        for trial_id in ids:
-            name = f"with id {trial_id}"
+        for an_id in ids:
+            name = f"with id {an_id}"
             try:
-                frozen = storage.get_trial(trial_id)
+                frozen = storage.get_trial(an_id)
                 name = str(frozen.number)
                 if frozen.state.is_finished():
                     continue
-                storage.set_trial_system_attr(trial_id, Attrs.INTERRUPTED, why)
+                storage.set_trial_system_attr(an_id, Attrs.INTERRUPTED, why)
                 self.study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
             except Exception as exc:  # still stopping: the next sweep recovers it as dead
                 log.warning("furcate_optuna: trial %s left RUNNING: %s", name, exc)
@@ -485,7 +487,7 @@ class StudySweep:
             self.best = f"{value:.6g} (trial {number})"
 
     def _set_attr(self, trial: optuna.Trial, key: str, value: Any) -> None:
-        self.study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        trial.storage.set_trial_system_attr(trial_id(trial), key, value)
 
 
 def _probe_configs(space: SearchSpace) -> tuple[list[list[str]], bool]:

@@ -10,9 +10,10 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
+from furcate_hydra.addresses import HostPort, StoreAddress
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.hydra_layer.grid import SweepSpec
-from furcate_hydra.hydra_layer.options import OptionError, plain
+from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
 from furcate_hydra.sweeping.exclusion import ExclusionRule
 
 __all__ = ["DIRECTIONS", "OptunaOptions", "job_storage_url"]
@@ -119,13 +120,9 @@ def _chosen(value: Any) -> Any:
 
 
 def job_storage_url(storage: str, cwd: Path) -> str:
-    prefix = "sqlite:///"
-    if not storage.startswith(prefix) or storage.startswith(prefix + "/"):
-        return storage
-    path = storage[len(prefix) :]
-    if path in ("", ":memory:"):
-        return storage
-    return prefix + str((cwd / path).resolve())
+    """``storage`` with a relative sqlite file made absolute against ``cwd``: a job may
+    change directory."""
+    return StoreAddress.parse(storage).absolute(cwd, resolve=True).url
 
 
 def _directions(value: Any) -> tuple[str, ...]:
@@ -178,6 +175,10 @@ def _storage(value: Any) -> str | None:
             "set hydra.sweeper.storage=sqlite:///optuna.db (or a postgresql:// or mysql:// URL),"
             " or null for a new study in the sweep dir",
         )
+    try:
+        StoreAddress.parse(value).checked("hydra.sweeper.storage")
+    except FurcateConfigError as exc:
+        raise as_option_error(exc) from None
     return value
 
 
@@ -185,21 +186,16 @@ def _storage_proxy(value: Any) -> tuple[str, int] | None:
     """``HOST:PORT`` or ``HOST`` (port 0: any free one); ``[::1]:PORT`` for IPv6."""
     if value is None:
         return None
-    text = value if isinstance(value, str) else ""
-    host, port = text, "0"
-    if text.count(":") == 1 or text.startswith("["):
-        host, _, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536 or "/" in host:
-        raise OptionError(
-            "hydra.sweeper.storage_proxy",
-            value,
-            "must be HOST:PORT or HOST: an address of this machine that the Ray nodes reach, "
-            "where the sweeper serves its sqlite study",
-            "set e.g. hydra.sweeper.storage_proxy=10.0.0.5:13000 (or 10.0.0.5 for any free "
-            "port), or leave it unset for this machine's address toward the Ray head",
-        )
-    return host, int(port)
+    fix = (
+        "set e.g. hydra.sweeper.storage_proxy=10.0.0.5:13000 (or 10.0.0.5 for any free port): "
+        "an address of this machine that the Ray nodes reach, where the sweeper serves its "
+        "sqlite study; or leave it unset for this machine's address toward the Ray head"
+    )
+    try:
+        address = HostPort.parse(value, "hydra.sweeper.storage_proxy", fix, port_optional=True)
+    except FurcateConfigError as exc:
+        raise as_option_error(exc) from None
+    return address.host, address.port
 
 
 def _count(key: str, value: Any, example: str) -> int:

@@ -11,6 +11,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from optuna.trial import TrialState
 
+from furcate_hydra.hydra_layer.hydra_private import returned
+
 __all__ = ["TrialOutcome", "TrialValueError", "read_outcome"]
 
 
@@ -34,7 +36,7 @@ def read_outcome(
 ) -> TrialOutcome:
     """COMPLETE with one float per direction, PRUNED (the job's callback stopped it), or FAIL."""
     if job_return.status is not JobStatus.COMPLETED:
-        error = job_return._return_value
+        error = returned(job_return)
         if not isinstance(error, BaseException):
             error = RuntimeError(f"{label} failed: {error}")
         return TrialOutcome(TrialState.FAIL, None, error)

@@ -33,6 +33,7 @@ from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.records import RunRecord, RunStatus
+from furcate_hydra.tuning.optuna_private import storage_of, trial_id
 from furcate_hydra.tuning.storage import check_sqlite_storage, rdb_storage
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 
@@ -186,7 +187,7 @@ def ask_owned(
         placeholder = create_trial(state=TrialState.WAITING, system_attrs={Attrs.SWEEPER: owner})
         study.add_trial(placeholder)
     trial = study.ask(fixed_distributions=dict(distributions))
-    study._storage.set_trial_system_attr(trial._trial_id, Attrs.SWEEPER, owner)
+    trial.storage.set_trial_system_attr(trial_id(trial), Attrs.SWEEPER, owner)
     return trial
 
 
@@ -202,7 +203,7 @@ def owned_running(study: optuna.Study, owner: str) -> list[FrozenTrial]:
 def recover_trials(study: optuna.Study, owner: str) -> StudyState:
     """Fail the trials of dead sweeps, enqueue interrupted ones again, count the rest."""
     here = LauncherIdentity.current()
-    storage = study._storage
+    storage = storage_of(study)
     recovered = 0
     running_elsewhere = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -210,8 +211,8 @@ def recover_trials(study: optuna.Study, owner: str) -> StudyState:
         if why is None:
             running_elsewhere += 1
             continue
-        storage.set_trial_system_attr(trial._trial_id, Attrs.INTERRUPTED, why)
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        storage.set_trial_system_attr(trial_id(trial), Attrs.INTERRUPTED, why)
+        storage.set_trial_state_values(trial_id(trial), TrialState.FAIL)
         recovered += 1
         log.warning(
             "furcate: trial %d of study %r was left RUNNING (%s): marked failed, re-tried",
@@ -239,7 +240,7 @@ def _claim_retry(study: optuna.Study, number: int, owner: str) -> None:
     # it keeps while RUNNING until its popper claims it (see ask_owned)
     for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         if waiting.user_attrs.get(Attrs.RETRY_OF) == number:
-            study._storage.set_trial_system_attr(waiting._trial_id, Attrs.SWEEPER, owner)
+            storage_of(study).set_trial_system_attr(trial_id(waiting), Attrs.SWEEPER, owner)
 
 
 def counts(trial: FrozenTrial) -> bool:

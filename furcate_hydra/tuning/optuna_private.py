@@ -1,0 +1,76 @@
+"""Optuna's private names that furcate uses, each read here and nowhere else.
+
+Public first: a live trial's storage is ``Trial.storage``, a study's id is
+``storage.get_study_id_from_name``. What has no public way is read below, and each name has a
+test (``tests/test_private_apis.py``) that fails, naming it, when an Optuna release moves it:
+
+    Study._storage        the storage a study was opened with (a FrozenTrial has none)
+    Trial._trial_id,      the storage's id of a trial: what every storage call takes;
+    FrozenTrial._trial_id   ``number`` is only unique within its study
+    optuna.storages._grpc  the gRPC proxy's servicer: the public ``run_grpc_proxy_server``
+                           blocks for good, cannot be stopped and does not tell its port
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial, Trial
+
+from furcate_hydra.errors import PrivateApiMoved
+
+__all__ = ["OptunaPrivateMoved", "grpc_servicer", "storage_of", "trial_id"]
+
+# The Optuna releases these names were read from (pyproject pins optuna>=4.0).
+TESTED = "4.x and 5.0"
+
+
+class OptunaPrivateMoved(PrivateApiMoved):
+    """An Optuna release no longer has a private name furcate reads."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__("Optuna", "optuna", optuna.__version__, TESTED, name, problem)
+
+
+def _read(obj: object, owner: str, attribute: str) -> Any:
+    try:
+        return getattr(obj, attribute)
+    except AttributeError:
+        raise OptunaPrivateMoved(f"{owner}.{attribute}", "no longer has") from None
+
+
+def storage_of(study: optuna.Study) -> BaseStorage:
+    """The storage ``study`` was opened with."""
+    storage = _read(study, "Study", "_storage")
+    if not isinstance(storage, BaseStorage):
+        raise OptunaPrivateMoved("Study._storage", f"holds a {type(storage).__name__} in")
+    return storage
+
+
+def trial_id(trial: Trial | FrozenTrial) -> int:
+    """The storage's id of ``trial`` (live or frozen)."""
+    value = _read(trial, type(trial).__name__, "_trial_id")
+    if not isinstance(value, int):
+        raise OptunaPrivateMoved(f"{type(trial).__name__}._trial_id", "holds no int in")
+    return value
+
+
+def grpc_servicer() -> tuple[Callable[[Any, Any], None], Callable[[BaseStorage], Any]]:
+    """Optuna's gRPC storage service and the function adding it to a ``grpc.server``.
+
+    Raises:
+        OptunaPrivateMoved: their modules moved (gRPC itself missing raises ImportError).
+    """
+    import grpc  # noqa: F401  (missing: ImportError, which callers name as such)
+
+    try:
+        from optuna.storages._grpc.auto_generated.api_pb2_grpc import (
+            add_StorageServiceServicer_to_server,
+        )
+        from optuna.storages._grpc.servicer import OptunaStorageProxyService
+    except ImportError as exc:
+        raise OptunaPrivateMoved("optuna.storages._grpc", f"no longer has ({exc})") from None
+    return add_StorageServiceServicer_to_server, OptunaStorageProxyService

@@ -1,0 +1,92 @@
+"""Each private name of Optuna and Hydra that furcate reads, through its one adapter: these
+fail, naming the name, when a release moves it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
+from furcate_hydra.hydra_layer import hydra_private
+from furcate_hydra.tuning import optuna_private
+
+
+@pytest.fixture
+def study() -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(storage=optuna.storages.InMemoryStorage())
+
+
+def test_optuna_study_storage(study: optuna.Study) -> None:
+    trial = study.ask()
+    assert optuna_private.storage_of(study) is trial.storage  # Trial.storage is public
+
+
+def test_optuna_trial_id_of_a_live_and_a_frozen_trial(study: optuna.Study) -> None:
+    study.ask()
+    trial = study.ask()
+    storage = trial.storage
+    public = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), trial.number
+    )
+    assert optuna_private.trial_id(trial) == public
+    frozen = study.get_trials(deepcopy=False)[1]
+    assert optuna_private.trial_id(frozen) == public
+
+
+def test_optuna_grpc_servicer() -> None:
+    pytest.importorskip("grpc")
+    add_servicer, servicer = optuna_private.grpc_servicer()
+    assert callable(add_servicer) and callable(servicer)
+
+
+@pytest.mark.parametrize(
+    "read, obj, name",
+    [
+        (optuna_private.storage_of, object(), "Study._storage"),
+        (optuna_private.trial_id, object(), "object._trial_id"),
+    ],
+)
+def test_a_moved_optuna_name_is_named_with_the_versions(read: Any, obj: object, name: str) -> None:
+    with pytest.raises(optuna_private.OptunaPrivateMoved) as raised:
+        read(obj)
+    message = str(raised.value)
+    assert f"Optuna's private {name}, which optuna {optuna.__version__} no longer has" in message
+    assert f"read from optuna {optuna_private.TESTED}" in message and "Fix:" in message
+
+
+def test_hydra_job_return_value_of_a_failed_job_read_without_raising(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = ValueError("boom")
+    failed = JobReturn(status=JobStatus.FAILED, _return_value=error)
+    assert hydra_private.returned(failed) is error
+    assert capsys.readouterr().err == ""  # JobReturn.return_value would print and raise
+    completed = JobReturn(status=JobStatus.COMPLETED)
+    completed.return_value = 0.5  # the public setter writes what the adapter reads
+    assert hydra_private.returned(completed) == 0.5 == completed.return_value
+
+
+def test_hydra_apply_overrides_and_the_override_dirname() -> None:
+    config = OmegaConf.create({"lr": 0.1, "model": {"depth": 2}})
+    parsed = OverridesParser.create().parse_overrides(["lr=0.01", "model.depth=4"])
+    hydra_private.apply_overrides(parsed, config)
+    assert OmegaConf.to_container(config) == {"lr": 0.01, "model": {"depth": 4}}
+    assert hydra_private.get_overrides_dirname(parsed, [], ",", "=") == "lr=0.01,model.depth=4"
+
+
+def test_hydra_callbacks_run_what_run_job_calls() -> None:
+    for hook in ("on_job_start", "on_job_end"):
+        assert callable(getattr(hydra_private.Callbacks, hook))
+
+
+def test_a_moved_hydra_name_is_named_with_the_versions() -> None:
+    with pytest.raises(hydra_private.HydraPrivateMoved) as raised:
+        hydra_private.returned(object())  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert "Hydra's private JobReturn._return_value, which hydra-core" in message
+    assert f"read from hydra-core {hydra_private.TESTED}" in message and "Fix:" in message
