@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,10 @@ def sweep_in_own_dirs(app: Path, *overrides: str) -> tuple[Path, str]:
     ``copy_probe_app``): the sweep dir it made under logs/train/multiruns/, and its output."""
     multiruns = app / "logs" / "train" / "multiruns"
     before = set(multiruns.iterdir()) if multiruns.is_dir() else set()
+    if before:
+        # the dir is named by the second the sweep starts: a sweep right after another (one
+        # that skipped everything takes about a second) would reuse its dir
+        time.sleep(1.05 - time.time() % 1)
     script = app / "probe_app.py"
     result = run_cli(script, "-m", "--config-name", "own_dirs", *overrides, cwd=app)
     assert result.returncode == 0, result.stderr

@@ -58,7 +58,7 @@ def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> No
     alive = running_trial(study, sweeper_identity())  # this process: still running it
     foreign = running_trial(study, None)  # asked by someone else: theirs to tell
 
-    state = recover_trials(study, sweeper_identity())
+    state = recover_trials(study, sweeper_identity(), X)
     assert (state.recovered, state.retried, state.running_elsewhere) == (1, 1, 2)
     assert state.counted == 3  # the completed one and the two still running
     frozen = study.trials[dead.number]
@@ -77,7 +77,7 @@ def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> No
     assert study.trials[retry.number].system_attrs[Attrs.SWEEPER] == "the asking sweeper"
     assert not study.get_trials(states=(TrialState.WAITING,))  # no placeholder left behind
     # a later sweep does not enqueue it again
-    assert recover_trials(study, sweeper_identity()).retried == 0
+    assert recover_trials(study, sweeper_identity(), X).retried == 0
 
 
 def test_an_asked_trial_is_owned_from_its_first_write(tmp_path: Path) -> None:
@@ -120,7 +120,27 @@ def test_a_stopped_sweep_fails_every_trial_it_left_running(tmp_path: Path) -> No
         assert frozen.system_attrs[Attrs.INTERRUPTED] == "sweep stopped: KeyboardInterrupt"
     assert study.trials[done.number].state is TrialState.COMPLETE
     assert study.trials[foreign.number].state is TrialState.RUNNING
-    assert recover_trials(study, owner).retried == 2
+    assert recover_trials(study, owner, X).retried == 2
+
+
+def test_a_trial_stopped_inside_its_ask_is_failed_and_not_retried(tmp_path: Path) -> None:
+    # Ctrl-C between two params' sampling: the trial never ran and has only some params; its
+    # retry would not run the same config, so the next asks sample whole trials instead
+    study = new_study(tmp_path)
+    owner = sweeper_identity()
+    xy = {**X, "y": optuna.distributions.IntDistribution(0, 3)}
+    whole = ask_owned(study, xy, owner)
+    partial = ask_owned(study, X, owner)  # y never sampled
+    sweep = StudySweep.__new__(StudySweep)
+    sweep.study, sweep._identity = study, owner
+    sweep.interrupted([whole, partial], "sweep stopped: KeyboardInterrupt")
+
+    state = recover_trials(study, owner, xy)
+    assert state.retried == 1
+    (queued,) = study.get_trials(states=(TrialState.WAITING,))
+    assert queued.user_attrs[Attrs.RETRY_OF] == whole.number
+    assert study.trials[partial.number].state is TrialState.FAIL
+    assert not counts(study.trials[partial.number])
 
 
 def test_what_counts_toward_n_trials(tmp_path: Path) -> None:

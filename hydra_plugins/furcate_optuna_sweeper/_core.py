@@ -137,7 +137,7 @@ class StudySweep:
             options.objective_names,
         )
         self._identity = sweeper_identity()
-        state = recover_trials(self.study, self._identity)
+        state = recover_trials(self.study, self._identity, self.space.distributions)
         self._reseed(config, sampler)
         self.to_start = max(0, n_trials - state.counted)
         self.started = self.told = self.pruned = 0

@@ -6,6 +6,8 @@ A rerun counts what the study already has toward ``n_trials`` and runs only what
     RUNNING, of a sweeper that is still alive      counts (that sweeper tells it)
     RUNNING, of a sweeper that is gone             → FAIL, marked interrupted, then re-tried
     FAIL, interrupted (Ctrl-C, SIGTERM, killed)    does not count; re-tried once, same params
+                                                   (one stopped before all its params were
+                                                   sampled never ran: it is not re-tried)
     FAIL, excluded by hydra.sweeper.exclude        does not count
 
 A re-tried trial is enqueued with its params, so the next ``ask`` returns it; its job finds
@@ -18,7 +20,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,8 +202,13 @@ def owned_running(study: optuna.Study, owner: str) -> list[FrozenTrial]:
     ]
 
 
-def recover_trials(study: optuna.Study, owner: str) -> StudyState:
-    """Fail the trials of dead sweeps, enqueue interrupted ones again, count the rest."""
+def recover_trials(study: optuna.Study, owner: str, params: Collection[str]) -> StudyState:
+    """Fail the trials of dead sweeps, enqueue interrupted ones again, count the rest.
+
+    ``params``: the names of the search space. A trial interrupted inside its ask has only some
+    of them; it never ran, so there is nothing to re-try with the same params, and the next
+    asks sample whole trials instead.
+    """
     here = LauncherIdentity.current()
     storage = storage_of(study)
     recovered = 0
@@ -226,7 +233,7 @@ def recover_trials(study: optuna.Study, owner: str) -> StudyState:
     for trial in trials:
         if trial.state is not TrialState.FAIL or Attrs.INTERRUPTED not in trial.system_attrs:
             continue
-        if trial.number in done:
+        if trial.number in done or not set(params) <= trial.params.keys():
             continue
         study.enqueue_trial(dict(trial.params), user_attrs={Attrs.RETRY_OF: trial.number})
         _claim_retry(study, trial.number, owner)
