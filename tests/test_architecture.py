@@ -54,6 +54,12 @@ RULES = (
         (*HYDRA, *HEAVY),
     ),
     Rule("furcate_hydra/store", (*SHARED, "furcate_hydra.store"), (*HYDRA, "torch", "optuna")),
+    # what runs when: testable without Hydra, over the executor and the store's decisions
+    Rule(
+        "furcate_hydra/scheduling",
+        (*SHARED, "furcate_hydra.execution", "furcate_hydra.store", "furcate_hydra.scheduling"),
+        (*HYDRA, *HEAVY),
+    ),
     # the launcher's resource trace: psutil, NVML and (to draw it) matplotlib, no store
     Rule(
         "furcate_hydra/tracing",
@@ -91,6 +97,7 @@ RULES = (
             "furcate_hydra.tuning",
             "furcate_hydra.tracing",
             "furcate_hydra.ray_backend",
+            "furcate_hydra.scheduling",
             "furcate_hydra.hydra_layer",
             "furcate_hydra.lightning_auto",
         ),

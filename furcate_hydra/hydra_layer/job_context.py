@@ -19,8 +19,16 @@ from omegaconf import DictConfig
 
 from furcate_hydra.hydra_layer.hydra_private import Callbacks, returned
 from furcate_hydra.lightning_auto import install_for_job
+from furcate_hydra.store import database_opened
 
-__all__ = ["HydraJobContext", "JobOutcome", "RemoteTraceback", "job_payload"]
+__all__ = [
+    "HydraJobContext",
+    "JobOutcome",
+    "RemoteTraceback",
+    "context_blob",
+    "fork_context",
+    "job_payload",
+]
 
 
 class RemoteTraceback(Exception):
@@ -114,3 +122,21 @@ def _picklable(value: object) -> bool:
     except Exception:
         return False
     return True
+
+
+def fork_context(
+    task_function: TaskFunction, hydra_context: HydraContext
+) -> HydraJobContext | None:
+    """What the fork server starts jobs from if it is a fork of this process, asked as it
+    starts: none where MLflow has database connections open here (an earlier launch in this
+    process, a value read back by a sweeper), which its jobs would share. A fork has Hydra's
+    singletons as they are then."""
+    if database_opened():
+        return None
+    return HydraJobContext(task_function, hydra_context, None)
+
+
+def context_blob(task_function: TaskFunction, hydra_context: HydraContext) -> bytes:
+    """What every job's process is started with: the task and Hydra's singletons, pickled."""
+    context = HydraJobContext(task_function, hydra_context, Singleton.get_state())
+    return bytes(cloudpickle.dumps(context))

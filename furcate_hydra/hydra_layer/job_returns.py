@@ -1,15 +1,55 @@
-"""JobReturns for jobs that did not run to a report: skipped, crashed or stopped."""
+"""JobReturns: a job's own, or one built for a job that did not run to a report (skipped,
+crashed or stopped); and how a job that did not finish ended, in words."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-__all__ = ["synthetic_job_return"]
+from furcate_hydra.errors import JobCrashedError
+from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.hydra_layer.hydra_private import returned
+from furcate_hydra.hydra_layer.job_context import JobOutcome, RemoteTraceback
+
+__all__ = ["error_text", "how_it_ended", "synthetic_job_return", "to_job_return"]
+
+
+def to_job_return(job: JobRecord) -> JobReturn:
+    """The JobReturn of a job the executor handed back: the task's own, its error's remote
+    traceback attached; else one built for a job that crashed, was stopped or lost."""
+    if job.state is JobState.COMPLETED and isinstance(job.value, JobOutcome):
+        job_return = job.value.job_return
+        if job.value.traceback is not None:
+            error = returned(job_return)
+            logs = f"\n{job.paths.see_logs()}"
+            error.__cause__ = RemoteTraceback(job.value.traceback + logs)
+        return job_return
+    error = JobCrashedError(f"Job {job.name} {job.state.value}: {job.error}")
+    return synthetic_job_return(job.config, job.paths.output_dir, JobStatus.FAILED, error)
+
+
+def error_text(job: JobRecord, job_return: JobReturn) -> str:
+    """Why a job did not finish, in words."""
+    if job.state is JobState.COMPLETED:  # the task raised: the exception says why
+        error = returned(job_return)
+        return f"{type(error).__name__}: {error}"
+    return job.error or job.state.value
+
+
+def how_it_ended(job: JobRecord, text: str) -> str:
+    """How a job that did not finish ended: failed, crashed, killed, preempted, not started."""
+    if job.state is JobState.CANCELLED:
+        return "killed" if job.started_at is not None else "not started"
+    if job.state is JobState.CRASHED:  # killed from outside, or died of a signal
+        return "killed" if re.search(r"by SIG(KILL|TERM)\b", text) else "crashed"
+    if job.state is JobState.PREEMPTED:  # more often than it may be queued again
+        return "preempted"
+    return "failed"
 
 
 def synthetic_job_return(

@@ -60,7 +60,7 @@ class FurcateLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from furcate_hydra.hydra_layer.launch_session import check_batch_paths, launch
+        from furcate_hydra.hydra_layer.launch import check_batch_paths, launch
 
         # before the pool starts: a batch refused for where it writes costs no warm-up
         sweep_dir = str(self._setup()[-1].hydra.sweep.dir)
@@ -87,9 +87,7 @@ class FurcateLauncher(Launcher):
 
     @contextmanager
     def streaming(self) -> Iterator[None]:
-        from furcate_hydra.hydra_layer.launch_session import streaming
-
-        with streaming(self.session()):
+        with self.session().streaming():
             yield
 
     def submit_batch(self, jobs: Sequence[JobRequest]) -> list[str]:
