@@ -1,7 +1,7 @@
 """Timers inside one launcher: where its time goes per job, with no product code changed.
 
 ``instrument(launcher)`` sets timing wrappers as attributes of the objects the launcher's
-session uses (the session, its ``SweepComposer``, ``JobRecorder``, ``RunStore``, MLflow client,
+session uses (the session, its ``SweepComposer``, ``RunLedger``, ``RunStore``, MLflow client,
 ``LocalPool`` executor and fork-server client), so every call the launcher makes through them
 is timed, wall and CPU of the calling thread, under the timed call it was made from. Nothing
 global is patched. A method the launcher no longer has is reported as missing; a missing one among
@@ -24,10 +24,10 @@ __all__ = ["REQUIRED", "JobTimes", "Timers", "cpu_seconds", "instrument"]
 # The methods timed, per object the session holds (its attribute path from the session); each
 # is labelled ``<last attribute>.<method>``: ``composer.compose``, ``client.set_tag``.
 TARGETS: dict[str, tuple[str, ...]] = {
-    "session": ("submit_batch", "_compose", "refresh_context", "wait_any", "_finish"),
+    "session": ("submit_batch", "_compose", "refresh_context", "wait_any", "finished"),
     "session.composer": ("compose", "_hydra", "_shortcut"),
-    "session.recorder": ("prepare", "claim", "open", "started", "record", "flush"),
-    "session.recorder.store": (
+    "session.ledger": ("prepare", "claim", "open", "started", "record", "flush"),
+    "session.ledger.store": (
         "decide",
         "start_sweep",
         "claim",
@@ -37,7 +37,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
         "latest_metrics",
         "log_sweep_artifact",
     ),
-    "session.recorder.store.client": (
+    "session.ledger.store.client": (
         "create_run",
         "log_batch",
         "update_run",
@@ -53,11 +53,11 @@ TARGETS: dict[str, tuple[str, ...]] = {
 }
 REQUIRED = (
     "composer.compose",
-    "recorder.prepare",
-    "recorder.claim",
-    "recorder.open",
-    "recorder.record",
-    "recorder.flush",
+    "ledger.prepare",
+    "ledger.claim",
+    "ledger.open",
+    "ledger.record",
+    "ledger.flush",
     "store.decide",
     "store.claim",
     "store.confirm",
@@ -195,8 +195,8 @@ def instrument(launcher: FurcateLauncher, timers: Timers, jobs: list[JobTimes]) 
             continue
         for name in names:
             label = f"{prefix}.{name}"
-            timers.wrap(owner, name, label, note if label == "recorder.record" else None)
-    recording = getattr(getattr(session, "recorder", None), "store", None) is not None
+            timers.wrap(owner, name, label, note if label == "ledger.record" else None)
+    recording = getattr(getattr(session, "ledger", None), "store", None) is not None
     required = [r for r in REQUIRED if recording or not r.startswith("store.")]
     if lost := [r for r in required if r in timers.missing]:
         timers.restore()

@@ -59,7 +59,7 @@ LAUNCHER_OVERRIDES = [
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class Job:
     """One job as the job saw it (wall-clock times)."""
 
     slot: int
@@ -75,7 +75,7 @@ class Run:
     name: str
     began: float
     ended: float
-    jobs: list[JobRecord]
+    jobs: list[Job]
     # when the last submit/launch call handing over jobs returned (async variants)
     all_submitted: float | None = None
 
@@ -118,9 +118,9 @@ def batch_schedule(durations: Sequence[float]) -> float:
     return sum(max(durations[i : i + SLOTS]) for i in range(0, len(durations), SLOTS))
 
 
-def _record(job_return: JobReturn, duration: float) -> JobRecord:
+def _record(job_return: JobReturn, duration: float) -> Job:
     value = task_value(job_return)
-    return JobRecord(int(value["slot"]), duration, value["entered_at"], value["left_at"])
+    return Job(int(value["slot"]), duration, value["entered_at"], value["left_at"])
 
 
 def run_async(launcher: FurcateLauncher, durations: Sequence[float], first_num: int) -> Run:
@@ -141,7 +141,7 @@ def _run_submitting(
     began = time.time()
     all_submitted: float | None = None
     outstanding: dict[str, float] = {}
-    jobs: list[JobRecord] = []
+    jobs: list[Job] = []
     while todo or outstanding:
         while todo and len(outstanding) < window:
             i, (overrides, duration) = todo.pop()
@@ -155,7 +155,7 @@ def _run_submitting(
 
 def run_batches(launcher: FurcateLauncher, durations: Sequence[float], first_num: int) -> Run:
     began = time.time()
-    jobs: list[JobRecord] = []
+    jobs: list[Job] = []
     for start in range(0, len(durations), SLOTS):
         batch = durations[start : start + SLOTS]
         returns = launcher.launch(overrides_for(batch), first_num + start)

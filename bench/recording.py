@@ -11,7 +11,7 @@ each variant on a fresh launcher started (fork server, store) before the clock:
 
 The clock runs from the first launcher call to the last result (it includes ``launch``'s final
 run_data.csv and the sweep run's artifact, not ``close()``). Per variant: jobs/s, the launcher's
-time per job (``bench/instrument.py``: ``SweepComposer.compose``, ``JobRecorder.prepare``/
+time per job (``bench/instrument.py``: ``SweepComposer.compose``, ``RunLedger.prepare``/
 ``claim``/``open``/``record``/``flush``, the ``RunStore`` and MLflow client calls inside them, the
 pool), how many jobs took the composition shortcut, the time the launcher sat blocked waiting for
 the fork server, its context switches, and what the job processes cost (fork to task, CPU of the
@@ -66,11 +66,11 @@ LAUNCHER_OVERRIDES = [
 ]
 RECORDING_OFF = "hydra.launcher.mlflow.enabled=false"
 RECORDER = (
-    "recorder.prepare",
-    "recorder.claim",
-    "recorder.open",
-    "recorder.record",
-    "recorder.flush",
+    "ledger.prepare",
+    "ledger.claim",
+    "ledger.open",
+    "ledger.record",
+    "ledger.flush",
 )
 STORE = ("store.decide", "store.claim", "store.confirm", "store.finish_job_run")
 

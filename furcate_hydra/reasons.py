@@ -8,7 +8,7 @@
     "… exited with code 7 before reporting a result …"         → os._exit(7)
     "launcher stopped", "… stopped by the launcher …"          → stopped by the launcher
 
-The texts are those of ``execution/exits.py``, the fork server's child and the recorder (the
+The texts are those of ``execution/exits.py``, the fork server's child and the run ledger (the
 run's ``furcate.error`` tag, ``run_data.json``'s ``error``); the end-of-sweep summary and
 ``furcate status`` both say a job's reason through ``one_line_reason``.
 """

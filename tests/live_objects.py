@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 
 # What a launcher or a sweeper could keep per job: counted by class name, as Hydra may load a
 # plugin's module twice.
-COUNTED = ("JobRecord", "JobReturn", "JobRow", "DictConfig", "TrialJob")
+COUNTED = ("Job", "JobReturn", "JobRow", "DictConfig", "TrialJob")
 
 
 def _count() -> collections.Counter[str]:

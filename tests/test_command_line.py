@@ -11,7 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 
 from furcate_hydra.hydra_layer.command_line import given_overrides
-from furcate_hydra.hydra_layer.recording import JobRecorder
+from furcate_hydra.hydra_layer.run_ledger import RunLedger
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 from tests.conftest import APPS
 
@@ -34,7 +34,7 @@ def test_overrides_that_interpolate_job_fields_are_read_unresolved(
     )
     assert given_overrides(master, "hydra") == [f"hydra.sweep.dir={tmp_path}", *HYDRA]
     assert given_overrides(master, "task") == TASK
-    # The recorder tags the sweep's run with the command line: it must not resolve it either.
+    # The run ledger tags the sweep's run with the command line: it must not resolve it either.
     options = FurcateLauncher.parse_options({"mlflow": {"enabled": False}}).store
-    JobRecorder(options, master, code=None)
+    RunLedger(options, master, code=None)
     GlobalHydra.instance().clear()

@@ -20,7 +20,7 @@ import pytest
 from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
 from furcate_hydra.execution.forkserver.protocol import ChildReport
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.execution.job_pool import JobPool, PoolOptions
 from furcate_hydra.execution.slots import Slot
 from furcate_hydra.execution.transport import (
@@ -81,7 +81,7 @@ class FakeTransport(Transport):
     def has_room(self) -> bool:
         return bool(self.free)
 
-    def place(self, job: JobRecord) -> Placed:
+    def place(self, job: Job) -> Placed:
         if self.place_breaks:
             raise TransportBroken("the fake machinery refused a job")
         slot = self.free.pop(0)
@@ -93,7 +93,7 @@ class FakeTransport(Transport):
         threading.Thread(target=self._run, args=(job.key, job.attempts, action, stop)).start()
         return Placed(slot)
 
-    def stop(self, job: JobRecord) -> None:
+    def stop(self, job: Job) -> None:
         self.stops[job.key].set()
 
     def poll(self, timeout: float) -> list[Report]:
@@ -146,8 +146,8 @@ class FakeTransport(Transport):
             put(Ended(key, died="the Ray worker of slot 0 died while running the job"))
 
 
-def job(tmp_path: Path, key: str) -> JobRecord:
-    return JobRecord(key, int(key), (), f"i={key}", JobPaths.of(tmp_path / key))
+def job(tmp_path: Path, key: str) -> Job:
+    return Job(key, int(key), (), f"i={key}", JobPaths.of(tmp_path / key))
 
 
 def options(max_retries: int = 0, max_preemptions: int = 3) -> PoolOptions:

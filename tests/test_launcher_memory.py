@@ -1,5 +1,5 @@
 """The launcher process keeps nothing per finished job: a sweep of many jobs ends holding no more
-JobRecords, JobReturns, run data rows or configs than a sweep of one would.
+Jobs, JobReturns, run data rows or configs than a sweep of one would.
 
 Counted with ``gc`` by a Hydra callback in the process that runs the sweeper and the launcher
 (``tests/live_objects.py``), at the multirun's end, while the sweeper's returns are still held.
@@ -38,7 +38,7 @@ def live_objects(tmp_path: Path) -> dict[str, tuple[int, int]]:
 
 
 def assert_nothing_kept_per_job(counts: dict[str, tuple[int, int]], jobs: int) -> None:
-    assert counts["JobRecord"][1] == 0, counts
+    assert counts["Job"][1] == 0, counts
     assert counts["JobRow"][1] == 0, counts
     assert counts["TrialJob"][1] == 0, counts
     assert counts["JobReturn"][1] <= 1, counts  # at most the first failure's, raised at the end

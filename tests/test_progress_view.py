@@ -15,7 +15,7 @@ import pytest
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.executor import EventKind, JobEvent
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.execution.slots import Slot
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.monitor.render import duration_text, metrics_text, status_line
@@ -27,13 +27,13 @@ from tests.option_helpers import check_launcher_options
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")  # a control sequence (CSI)
 
 
-def job(num: int, tmp_path: Path) -> JobRecord:
-    record = JobRecord(str(num), num, (f"+lr={num}",), f"+lr={num}", JobPaths.of(tmp_path))
+def job(num: int, tmp_path: Path) -> Job:
+    record = Job(str(num), num, (f"+lr={num}",), f"+lr={num}", JobPaths.of(tmp_path))
     record.slot = Slot(num % 2, None, None, None)
     return record
 
 
-def event(kind: EventKind, record: JobRecord, at: float, **fields: object) -> JobEvent:
+def event(kind: EventKind, record: Job, at: float, **fields: object) -> JobEvent:
     return JobEvent(kind, record, at=at, **fields)  # type: ignore[arg-type]
 
 

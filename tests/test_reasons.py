@@ -15,7 +15,7 @@ LOGS = "\nSee the job's logs: /s/0/stdout.log and /s/0/stderr.log"
 
 
 def crashed(state: str, why: str) -> str:
-    """As the recorder writes a JobCrashedError: its type, the job, its state, the reason."""
+    """As the run ledger writes a JobCrashedError: its type, the job, its state, the reason."""
     return f"JobCrashedError: Job #3 (lr=0.1 model=a) {state}: {why}{LOGS}"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from furcate_hydra.execution.executor import JobListener
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.scheduling import Scheduler, StreamCounts, scheduler
 from furcate_hydra.store import Action, Decision, RunRecord, RunStatus
@@ -30,8 +30,8 @@ class FakeExecutor:
 
     def __init__(self, fails: Iterable[str] = ()) -> None:
         self.fails = set(fails)
-        self.held: dict[str, JobRecord] = {}
-        self.ended: list[JobRecord] = []
+        self.held: dict[str, Job] = {}
+        self.ended: list[Job] = []
         self.submitted: list[str] = []
         self.cancelled: list[str] = []
 
@@ -51,11 +51,11 @@ class FakeExecutor:
     def set_context(self, context: bytes) -> None:
         """No process is started from it."""
 
-    def submit(self, job: JobRecord) -> None:
+    def submit(self, job: Job) -> None:
         self.held[job.key] = job
         self.submitted.append(job.key)
 
-    def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
+    def wait_any(self, timeout: float | None = None) -> list[Job]:
         out, self.ended = self.ended, []
         if not out and self.held:
             job = self.held.pop(next(iter(self.held)))
@@ -89,19 +89,19 @@ class FakeLedger:
         self.follows: dict[str, list[Decision | None]] = {}
         self.opened: list[str] = []
 
-    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+    def prepare(self, jobs: Sequence[Job]) -> list[Decision] | None:
         return self.decide(jobs)
 
-    def decide(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+    def decide(self, jobs: Sequence[Job]) -> list[Decision] | None:
         return [self.decisions.get(job.key, RUN) for job in jobs]
 
     def needs_store(self, decisions: Sequence[Decision]) -> bool:
         return False
 
-    def claim(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> list[Decision]:
+    def claim(self, jobs: Sequence[Job], decisions: Sequence[Decision]) -> list[Decision]:
         return [self.claims.pop(job.key, d) for job, d in zip(jobs, decisions, strict=True)]
 
-    def open(self, job: JobRecord, decision: Decision) -> str | None:
+    def open(self, job: Job, decision: Decision) -> str | None:
         if decision.action is Action.SKIP:
             return f"skipped {job.key}"
         if decision.action is Action.REPORT_FAILURE:
@@ -134,19 +134,19 @@ class FakeHandler:
     def start_view(self) -> None:
         pass
 
-    def submitting(self, job: JobRecord) -> None:
+    def submitting(self, job: Job) -> None:
         pass
 
-    def not_run(self, job: JobRecord, result: str) -> None:
+    def not_run(self, job: Job, result: str) -> None:
         self.not_run_keys.append(job.key)
 
-    def finished(self, job: JobRecord) -> str:
+    def finished(self, job: Job) -> str:
         if job.state is not JobState.COMPLETED and job.state is not JobState.CANCELLED:
             assert self.scheduler is not None
             self.scheduler.failed(job, "failed")
         return job.state.value
 
-    def not_started(self, job: JobRecord) -> str:
+    def not_started(self, job: Job) -> str:
         return "not started"
 
 
@@ -159,10 +159,9 @@ def make(
     return handler.scheduler, executor, handler
 
 
-def jobs(*keys: str) -> list[JobRecord]:
+def jobs(*keys: str) -> list[Job]:
     return [
-        JobRecord(key, int(key), (), f"job {key}", JobPaths.of(Path("/tmp/never") / key))
-        for key in keys
+        Job(key, int(key), (), f"job {key}", JobPaths.of(Path("/tmp/never") / key)) for key in keys
     ]
 
 

@@ -21,7 +21,7 @@ from furcate_hydra.store import (
     Tags,
     resolve_tracking_uri,
 )
-from furcate_hydra.store.records import MAX_TAG_VALUE, RETURN_VALUE_ARTIFACT
+from furcate_hydra.store.run_record import MAX_TAG_VALUE, RETURN_VALUE_ARTIFACT
 from furcate_hydra.store.run_store import EXPERIMENT_KIND, MODEL_TRAINING
 from tests.store_helpers import artifact_names, exited_launcher
 

@@ -13,8 +13,8 @@ import pytest
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.progress import JobProgress
 from furcate_hydra.store import RunRecord, RunStatus, RunStore, Tags, resolve_tracking_uri
+from furcate_hydra.store.sweep_pointer import SweepPointer
 from furcate_hydra.store.sweep_reader import INTERMEDIATE_METRIC, SweepReader
-from furcate_hydra.store.sweep_record import SweepRecord
 from furcate_hydra.store.sweep_snapshot import (
     FileRow,
     JobSnapshot,
@@ -168,7 +168,7 @@ def test_a_pruned_trials_job_says_at_which_epoch(store: RunStore, tmp_path: Path
     assert (Tags.OPTUNA_STATE, INTERMEDIATE_METRIC) == (TrialTags.STATE, TrialTags.INTERMEDIATE)
     sweep_dir = tmp_path / "sweep"
     sweep_id, run_id = record_pruned_sweep(store, sweep_dir)
-    record = SweepRecord(store.tracking_uri, store.experiment_id, "exp", sweep_id, NOW, 60)
+    record = SweepPointer(store.tracking_uri, store.experiment_id, "exp", sweep_id, NOW, 60)
     record.write(SweepPaths.of(sweep_dir).sweep_record)
 
     snapshot = SweepReader(sweep_dir).snapshot()
@@ -193,13 +193,13 @@ def test_a_sweep_dir_without_its_record_is_found_by_its_tag(
 
 
 def test_the_record_round_trips_and_a_broken_one_says_so(tmp_path: Path) -> None:
-    from furcate_hydra.store.sweep_record import SweepRecordError
+    from furcate_hydra.store.sweep_pointer import SweepPointerError
 
     path = tmp_path / "furcate_sweep.json"
-    record = SweepRecord("sqlite:////x/mlflow.db", "1", "exp", "abc", 12.5, 60.0)
+    record = SweepPointer("sqlite:////x/mlflow.db", "1", "exp", "abc", 12.5, 60.0)
     record.write(path)
-    assert SweepRecord.read(path) == record
+    assert SweepPointer.read(path) == record
     assert json.loads(path.read_text())["version"] == 1
     path.write_text('{"tracking_uri": 3}')
-    with pytest.raises(SweepRecordError, match="is not a furcate sweep record"):
-        SweepRecord.read(path)
+    with pytest.raises(SweepPointerError, match="is not a furcate sweep record"):
+        SweepPointer.read(path)

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.sweep_list import recorded_sweep_dirs
-from furcate_hydra.store.sweep_record import SweepRecord, SweepRecordError
+from furcate_hydra.store.sweep_pointer import SweepPointer, SweepPointerError
 from furcate_hydra.store.tracking_uri import ENV_KEY, TrackingUri, resolve_tracking_uri
 
 __all__ = [
@@ -126,8 +126,8 @@ def _started(folder: Path, files: list[str]) -> float | None:
     paths = SweepPaths.of(folder)
     if SweepPaths.SWEEP_RECORD in files:
         try:
-            return SweepRecord.read(paths.sweep_record).started_at
-        except (OSError, SweepRecordError):
+            return SweepPointer.read(paths.sweep_record).started_at
+        except (OSError, SweepPointerError):
             pass
     if SweepPaths.MULTIRUN_YAML in files:
         try:

@@ -1,14 +1,14 @@
 """What the launcher needs from whatever runs its jobs: the backend seam.
 
-    launcher ── submit(JobRecord) ──► executor ──► a fresh process per job, on a free slot
-             ◄─ wait_any() ── records whose state is final (COMPLETED, FAILED, CRASHED, ...)
+    launcher ── submit(Job) ──► executor ──► a fresh process per job, on a free slot
+             ◄─ wait_any() ── jobs whose state is final (COMPLETED, FAILED, CRASHED, ...)
              ◄─ listeners ── JobEvent: STARTED, PROGRESS, RETRYING, PREEMPTED, ENDED, as they
                              happen
 
 The contract every implementation keeps:
 
 - One thread owns an executor; none of its methods is called concurrently.
-- Every submitted record comes back from ``wait_any`` exactly once, with a final state, whatever
+- Every submitted job comes back from ``wait_any`` exactly once, with a final state, whatever
   happened to its process, and also after ``cancel`` (as CANCELLED) or when the executor broke
   (as LOST). A job's death never raises here.
 - When the executor's own machinery dies, it is broken: every job it holds comes back LOST with
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from furcate_hydra.execution.job import JobRecord
+from furcate_hydra.execution.job import Job
 from furcate_hydra.progress import JobProgress
 
 __all__ = ["EventKind", "Executor", "JobEvent", "JobListener"]
@@ -40,7 +40,7 @@ __all__ = ["EventKind", "Executor", "JobEvent", "JobListener"]
 
 class EventKind(enum.Enum):
     STARTED = "started"  # a process runs the job (again, on a retry)
-    PROGRESS = "progress"  # the job reported where its training is (``record.progress``)
+    PROGRESS = "progress"  # the job reported where its training is (``job.progress``)
     RETRYING = "retrying"  # its process crashed; it is queued for another attempt
     PREEMPTED = "preempted"  # stopped from outside; queued again, to resume where it stopped
     ENDED = "ended"  # its state is final; it comes out of the next wait_any
@@ -48,11 +48,11 @@ class EventKind(enum.Enum):
 
 @dataclass(frozen=True)
 class JobEvent:
-    """What happened to a job. ``job`` is the live record (it changes later); what the event
+    """What happened to a job. ``job`` is the live job (it changes later); what the event
     says of this moment is in its own fields."""
 
     kind: EventKind
-    job: JobRecord
+    job: Job
     detail: str = ""  # for RETRYING and PREEMPTED: why the last attempt ended
     progress: JobProgress | None = None  # for PROGRESS: what the job reported
     at: float = field(default_factory=time.time)
@@ -100,11 +100,11 @@ class Executor(Protocol):
         """Replace what every job's process is started with (the warm task), from now on."""
         ...
 
-    def submit(self, job: JobRecord) -> None:
+    def submit(self, job: Job) -> None:
         """Queue a job; it starts as soon as a slot is free."""
         ...
 
-    def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
+    def wait_any(self, timeout: float | None = None) -> list[Job]:
         """Block until at least one job ends (or ``timeout`` passes); return those that ended."""
         ...
 

@@ -1,9 +1,11 @@
-"""One record per job, shared by the launcher, its executor and its recorder.
+"""One object per job, shared by the launcher, its executor and its run ledger.
 
-A job is not a key into several dicts: the launcher makes one ``JobRecord`` when it composes the
-job, the recorder fills in the store's side (fingerprint, run), the executor the process's side
-(slot, pid, attempts, times), and the outcome lands in the same object. The record is handed
-back by ``Executor.wait_any`` and dropped by its owner once the outcome is recorded.
+A job is not a key into several dicts: the launcher makes one ``Job`` when it composes it
+(key, num, overrides, label, paths, env, config, task_config), the ledger fills in the store's
+side (fingerprint, run_id, resumed, skipped; paths and env of a resumed run), the executor the
+process's side (payload aside: slot, pid, node, attempts, preemptions, times, state, value,
+error, progress). The job is handed back by ``Executor.wait_any`` and dropped by its owner once
+its outcome is in its run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from furcate_hydra.execution.slots import Slot
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.progress import JobProgress
 
-__all__ = ["JobRecord", "JobState"]
+__all__ = ["Job", "JobState"]
 
 
 class JobState(enum.Enum):
@@ -37,7 +39,7 @@ class JobState(enum.Enum):
 
 
 @dataclass(eq=False)
-class JobRecord:
+class Job:
     """A job from submission to outcome.
 
     Attributes:
@@ -51,7 +53,7 @@ class JobRecord:
         config: The job's composed config, opaque outside the Hydra layer.
         task_config: The task's part of ``config`` as plain values (what is fingerprinted).
         fingerprint: The store's key for the job's config (None before it is looked up).
-        run_id: The job's MLflow run, once the recorder opened it.
+        run_id: The job's MLflow run, once the run ledger opened it.
         resumed: Whether that run is an interrupted one, resumed.
         skipped: Whether the job did not run because its config was recorded already.
         state: Where the job is; ``finished`` once the executor handed it back.
@@ -66,7 +68,6 @@ class JobRecord:
         error: Why it did not complete, in words (FAILED, CRASHED, CANCELLED, LOST,
             PREEMPTED).
         progress: The latest progress the running job reported, if it reports any.
-        outcome: What the launcher made of the result for its caller (a Hydra JobReturn).
     """
 
     key: str
@@ -94,7 +95,6 @@ class JobRecord:
     value: Any = None
     error: str | None = None
     progress: JobProgress | None = None
-    outcome: Any = None
 
     @property
     def name(self) -> str:

@@ -29,7 +29,7 @@ from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver.protocol import ChildReport
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.execution.transport import (
     Broken,
     Ended,
@@ -80,11 +80,11 @@ class JobPool:
     def __init__(self, transport: Transport, options: PoolOptions) -> None:
         self.options = options
         self._transport = transport
-        self._queue: collections.deque[JobRecord] = collections.deque()
-        self._held: dict[str, JobRecord] = {}  # placed: on a slot, or ahead of one
+        self._queue: collections.deque[Job] = collections.deque()
+        self._held: dict[str, Job] = {}  # placed: on a slot, or ahead of one
         self._started: set[str] = set()  # held jobs whose STARTED was told
         self._cancelled: set[str] = set()
-        self._done: list[JobRecord] = []
+        self._done: list[Job] = []
         self._listeners: list[JobListener] = []
         self._progress_seen: dict[str, int] = {}  # job key -> mtime_ns of its progress file
         self._progress_polled = 0.0
@@ -121,7 +121,7 @@ class JobPool:
         if self._broken is None:
             self._call(self._transport.set_context, context)
 
-    def submit(self, job: JobRecord) -> None:
+    def submit(self, job: Job) -> None:
         """Queue a job.
 
         Raises:
@@ -145,7 +145,7 @@ class JobPool:
         while self._broken is None and (reports := self._poll(0)):
             self._handle(reports)
 
-    def wait_any(self, timeout: float | None = None) -> list[JobRecord]:
+    def wait_any(self, timeout: float | None = None) -> list[Job]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._done and (self._held or self._queue):
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -187,11 +187,11 @@ class JobPool:
 
     # -- conveniences --------------------------------------------------------------------
 
-    def as_completed(self) -> Iterator[JobRecord]:
+    def as_completed(self) -> Iterator[Job]:
         while self.pending:
             yield from self.wait_any()
 
-    def run_all(self, jobs: Sequence[JobRecord]) -> list[JobRecord]:
+    def run_all(self, jobs: Sequence[Job]) -> list[Job]:
         """Submit every job, wait for all of them, return them in input order."""
         for job in jobs:
             self.submit(job)
@@ -271,10 +271,10 @@ class JobPool:
 
     # -- what happened to a job ------------------------------------------------------------
 
-    def _occupy(self, job: JobRecord, placed: Placed) -> None:
+    def _occupy(self, job: Job, placed: Placed) -> None:
         job.slot, job.node, job.state = placed.slot, placed.node, JobState.RUNNING
 
-    def _running(self) -> list[JobRecord]:
+    def _running(self) -> list[Job]:
         return [job for job in self._held.values() if job.state is JobState.RUNNING]
 
     def _on_started(self, report: Started) -> None:
@@ -319,7 +319,7 @@ class JobPool:
                 why = describe_wait_status(ended.wait_status)
             self._crashed(job, why if ended.where is None else f"{why} (on {ended.where})")
 
-    def _crashed(self, job: JobRecord, why: str) -> None:
+    def _crashed(self, job: Job, why: str) -> None:
         """Retry the job if it has retries left (and the pool still runs), else CRASHED."""
         if self._broken is None and job.attempts - job.preemptions <= self.options.max_retries:
             log.warning(
@@ -333,7 +333,7 @@ class JobPool:
         else:
             self._finish(job, JobState.CRASHED, error=f"{why}\n{job.paths.see_logs()}")
 
-    def _on_preempted(self, job: JobRecord, why: str) -> None:
+    def _on_preempted(self, job: Job, why: str) -> None:
         """Queue a preempted job again, or, past the limit, hand it back PREEMPTED; it resumes
         from the checkpoint it saved, in its run."""
         job.preemptions += 1
@@ -355,14 +355,14 @@ class JobPool:
         )
         self._queue_again(job, EventKind.PREEMPTED, why)
 
-    def _queue_again(self, job: JobRecord, kind: EventKind, why: str) -> None:
+    def _queue_again(self, job: Job, kind: EventKind, why: str) -> None:
         """A retried or preempted job goes back first in the queue (it ran before any queued
         job), told to the listeners as ``kind``."""
         job.state = JobState.QUEUED
         self._queue.appendleft(job)
         self._emit(kind, job, why)
 
-    def _finish(self, job: JobRecord, state: JobState, **fields: Any) -> None:
+    def _finish(self, job: Job, state: JobState, **fields: Any) -> None:
         self._progress_seen.pop(job.key, None)
         job.state = state
         for name, value in fields.items():
@@ -394,7 +394,7 @@ class JobPool:
     def _emit(
         self,
         kind: EventKind,
-        job: JobRecord,
+        job: Job,
         detail: str = "",
         progress: JobProgress | None = None,
     ) -> None:

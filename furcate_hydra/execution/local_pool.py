@@ -4,7 +4,7 @@
                                 │ no: ahead of the slots, one per slot ──► Start(no slot):
                                 │     forked now, set up, waiting at its gate
                                 ▼                                           │ a job exits
-    wait_any() ◄── JobRecord ◄── result file / exit status ◄── Exited ◄─────┘ its slot goes to
+    wait_any() ◄── Job ◄── result file / exit status ◄── Exited ◄─────┘ its slot goes to
                                   └── slot freed (or, in the server, handed to the oldest job
                                       waiting at its gate: Started(after=...)), next dispatched
 
@@ -41,7 +41,7 @@ from furcate_hydra.execution.forkserver.protocol import (
     WarmContext,
 )
 from furcate_hydra.execution.forkserver.protocol import Started as ServerStarted
-from furcate_hydra.execution.job import JobRecord
+from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool, PoolOptions
 from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slots import Slot, SlotPlan
@@ -118,8 +118,8 @@ class LocalTransport(Transport):
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
         self._server: ForkServerClient | None = None
         self._slots = SlotBook(plan.slots)
-        self._jobs: dict[str, JobRecord] = {}  # placed: on a slot, or ahead of one
-        self._ahead: dict[str, JobRecord] = {}  # forked ahead, waiting at their gates for a slot
+        self._jobs: dict[str, Job] = {}  # placed: on a slot, or ahead of one
+        self._ahead: dict[str, Job] = {}  # forked ahead, waiting at their gates for a slot
 
     @property
     def slot_count(self) -> int:
@@ -156,7 +156,7 @@ class LocalTransport(Transport):
             self.options.fork_ahead and len(self._ahead) < self.slot_count
         )
 
-    def place(self, job: JobRecord) -> Placed | None:
+    def place(self, job: Job) -> Placed | None:
         """Have the server fork the job: on a free slot, or ahead of one."""
         slot = self._slots.take_free() if self._slots.free else None
         self._jobs[job.key] = job
@@ -177,7 +177,7 @@ class LocalTransport(Transport):
         self._send(lambda: self.ready_server().start(start))
         return None if slot is None else Placed(slot)
 
-    def stop(self, job: JobRecord) -> None:
+    def stop(self, job: Job) -> None:
         self._send(lambda: self.ready_server().kill(job.key, signal.SIGTERM))
 
     def poll(self, timeout: float) -> list[Report]:
@@ -264,7 +264,7 @@ class LocalTransport(Transport):
     def _release(self, placement: Placement) -> None:
         self.ready_server().release(placement)
 
-    def _end(self, key: str) -> JobRecord | None:
+    def _end(self, key: str) -> Job | None:
         """A job that ended: it ran on a slot (free now, unless handed on), or never left its
         gate."""
         self._ahead.pop(key, None)
@@ -277,7 +277,7 @@ class LocalTransport(Transport):
             placement = _placement(self._slots.offer())
             self._send(partial(self._release, placement))
 
-    def _read_report(self, job: JobRecord) -> ChildReport | None:
+    def _read_report(self, job: Job) -> ChildReport | None:
         path = self._result_path(job)
         if not path.exists():
             return None
@@ -288,7 +288,7 @@ class LocalTransport(Transport):
         finally:
             path.unlink(missing_ok=True)
 
-    def _result_path(self, job: JobRecord) -> Path:
+    def _result_path(self, job: Job) -> Path:
         # id() is unique while the job is held here, and a job is held until it is handed back.
         return self._runtime_dir / f"{id(job):x}-{job.attempts}.result"
 

@@ -20,7 +20,7 @@ from typing import TypeAlias
 import cloudpickle
 
 from furcate_hydra.execution.forkserver.protocol import ChildReport
-from furcate_hydra.execution.job import JobRecord
+from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.slots import Slot
 
 __all__ = [
@@ -109,7 +109,7 @@ class Transport(abc.ABC):
 
     - Threads: the pool's owner thread calls every method; none is called concurrently. A
       transport may run threads of its own, but tells the pool only through ``poll``.
-    - Ownership: the pool owns every ``JobRecord`` and writes it (state, slot, pid, times,
+    - Ownership: the pool owns every ``Job`` and writes it (state, slot, pid, times,
       attempts, outcome); a transport reads a placed job's inputs (key, payload, env, paths,
       attempts, pid) and never writes one. The transport owns its slots, its processes and
       their machinery.
@@ -159,12 +159,12 @@ class Transport(abc.ABC):
         """Whether ``place`` takes a job now (on a free slot, or ahead of one)."""
 
     @abc.abstractmethod
-    def place(self, job: JobRecord) -> Placed | None:
+    def place(self, job: Job) -> Placed | None:
         """Start ``job`` (``job.attempts`` counts this attempt already): on a free slot,
         returned, or ahead of one (None), its slot told later by ``Started.placed``."""
 
     @abc.abstractmethod
-    def stop(self, job: JobRecord) -> None:
+    def stop(self, job: Job) -> None:
         """Ask a placed job's process to stop (SIGTERM); its ``Ended`` follows."""
 
     @abc.abstractmethod

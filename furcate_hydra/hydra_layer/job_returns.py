@@ -12,14 +12,14 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from furcate_hydra.errors import JobCrashedError
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.hydra_layer.hydra_private import returned
 from furcate_hydra.hydra_layer.job_context import JobOutcome, RemoteTraceback
 
 __all__ = ["error_text", "how_it_ended", "synthetic_job_return", "to_job_return"]
 
 
-def to_job_return(job: JobRecord) -> JobReturn:
+def to_job_return(job: Job) -> JobReturn:
     """The JobReturn of a job the executor handed back: the task's own, its error's remote
     traceback attached; else one built for a job that crashed, was stopped or lost."""
     if job.state is JobState.COMPLETED and isinstance(job.value, JobOutcome):
@@ -33,7 +33,7 @@ def to_job_return(job: JobRecord) -> JobReturn:
     return synthetic_job_return(job.config, job.paths.output_dir, JobStatus.FAILED, error)
 
 
-def error_text(job: JobRecord, job_return: JobReturn) -> str:
+def error_text(job: Job, job_return: JobReturn) -> str:
     """Why a job did not finish, in words."""
     if job.state is JobState.COMPLETED:  # the task raised: the exception says why
         error = returned(job_return)
@@ -41,7 +41,7 @@ def error_text(job: JobRecord, job_return: JobReturn) -> str:
     return job.error or job.state.value
 
 
-def how_it_ended(job: JobRecord, text: str) -> str:
+def how_it_ended(job: Job, text: str) -> str:
     """How a job that did not finish ended: failed, crashed, killed, preempted, not started."""
     if job.state is JobState.CANCELLED:
         return "killed" if job.started_at is not None else "not started"

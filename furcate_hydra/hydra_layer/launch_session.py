@@ -1,13 +1,13 @@
 """The furcate launcher's session: Hydra's side of the scheduler (``furcate_hydra.scheduling``).
 
-submit_batch(requests) ──► compose each job's config here (SweepComposer, job num/id): a JobRecord
-                       ──► the scheduler: recorder decides (skip / resume / run), claims, and
+submit_batch(requests) ──► compose each job's config here (SweepComposer, job num/id): a Job
+                       ──► the scheduler: the run ledger decides (skip / resume / run), claims, and
                            the jobs to run go to the executor
                        ──► the first job that is not skipped warms the session up (warm_up): the
                            fork server (a fork of this process), then MLflow opens the store; a
                            sweep whose every job is skipped starts neither
 wait_any ──► the scheduler's results: JobReturns (the task's own, or built for a job that did
-             not run to a report), each recorded (recorder: run's final status, return value,
+             not run to a report), each recorded (run ledger: run's final status, return value,
              artifacts, run data) and counted in the summary and the progress view
 streaming() ──► Hydra's logging, the sweep dir; the summary and the stream's counts at its end
 """
@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent
-from furcate_hydra.execution.job import JobRecord
+from furcate_hydra.execution.job import Job
 from furcate_hydra.hydra_layer.backends import plan_for, start_executor
 from furcate_hydra.hydra_layer.compose import SweepComposer
 from furcate_hydra.hydra_layer.job_context import (
@@ -48,7 +48,7 @@ from furcate_hydra.hydra_layer.launch import (
 )
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
-from furcate_hydra.hydra_layer.recording import JobRecorder
+from furcate_hydra.hydra_layer.run_ledger import RunLedger
 from furcate_hydra.hydra_layer.session_view import SessionView
 from furcate_hydra.hydra_layer.streaming import JobRequest, JobRun
 from furcate_hydra.hydra_layer.task_code import task_code_version
@@ -89,12 +89,12 @@ class LaunchSession:
         try:
             plan = plan_for(options)
             code = task_code_version(task_function, config)
-            self.recorder = JobRecorder(options.store, config, code)
+            self.ledger = RunLedger(options.store, config, code)
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
-        self.shown = SessionView(options.progress, len(plan.slots), self.recorder.sweep.summary)
+        self.shown = SessionView(options.progress, len(plan.slots), self.ledger.sweep.summary)
         self._warm = False
         view = self.shown.view
         output = view.write_output if view.owns_output else None
@@ -107,7 +107,7 @@ class LaunchSession:
         self.tracer: ResourceTracer | None = None
         self.fail_fast = options.fail_fast
         self.scheduler: Scheduler[JobReturn] = Scheduler(
-            self.executor, self.recorder, self, options.fail_fast
+            self.executor, self.ledger, self, options.fail_fast
         )
         self._job_env = options.training.job_env()  # every job's, before its own
         self.composer = composer or SweepComposer(hydra_context, config)
@@ -144,7 +144,7 @@ class LaunchSession:
             self._context = context
             self.executor.set_context(context)
 
-    def submit_batch(self, requests: Sequence[JobRequest]) -> list[JobRecord]:
+    def submit_batch(self, requests: Sequence[JobRequest]) -> list[Job]:
         """Compose jobs and hand them to the scheduler (one store lookup for the batch, one
         claim). Jobs already recorded as FINISHED are not run: their JobReturns, carrying the
         recorded return value, come out of the next ``wait_any``. Jobs whose config another
@@ -168,11 +168,11 @@ class LaunchSession:
         if self._warm:
             return False
         try:
-            self.recorder.load_store_modules()
+            self.ledger.load_store_modules()
             self.executor.start()
-            self.recorder.open_store()
+            self.ledger.open_store()
             self.executor.wait_ready()
-            self.tracer = start_tracer(self._trace_interval_s, self.recorder.tracking_uri)
+            self.tracer = start_tracer(self._trace_interval_s, self.ledger.tracking_uri)
         except KeyboardInterrupt:
             log.warning("furcate: interrupted while starting; no job ran")
             raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
@@ -187,13 +187,13 @@ class LaunchSession:
         held = self.scheduler.held_elsewhere(key)
         if held is not None:
             return JobRun(held.run_id, elsewhere=True)
-        return self.recorder.job_run(key)
+        return self.ledger.job_run(key)
 
     def job_pruned(self, key: str, epoch: int | None) -> None:
         """A handed-back job whose trial the sweeper pruned: its row in the summary says at
         which epoch. Told after the sweep's ``launch`` returned (a batch sweeper tells its
         trials then), summary.md is written again with it."""
-        row = self.recorder.row(key)
+        row = self.ledger.row(key)
         if row is None:
             return
         self.shown.pruned(row, epoch)
@@ -231,10 +231,10 @@ class LaunchSession:
         try:
             yield  # the view starts with the first job that runs (start_view)
             self.shown.stop()
-            self.recorder.flush()
+            self.ledger.flush()
             self.shown.summary.pruned(self.shown.tally.snapshot().pruned)
             self.shown.write_summary()
-            log_stream_counts(counts, self.recorder.code)
+            log_stream_counts(counts, self.ledger.code)
         except ExecutorBrokenError:
             self.shown.stop()
             self.close()  # the sweep failed; it was not interrupted
@@ -244,7 +244,7 @@ class LaunchSession:
             stopped = self.close(interrupted=True)
             with contextlib.suppress(OSError):  # the summary of what did run, if it can be
                 self.shown.write_summary()
-            log_interrupted(signum, stopped, self.recorder.sweep.sweep_dir)
+            log_interrupted(signum, stopped, self.ledger.sweep.sweep_dir)
             # No traceback: the shell's convention for a process ended by a signal
             raise SystemExit(128 + signum) from None
         except BaseException:
@@ -266,14 +266,14 @@ class LaunchSession:
         peaks = {job.key: self._end_trace(job.key) for job in held}
         if self.tracer is not None:
             self.tracer.close()  # the last metrics and plots, before the store closes
-        self.recorder.close(interrupted, held, peaks)
+        self.ledger.close(interrupted, held, peaks)
         interrupts.restore()
         return len(held)
 
     def _on_event(self, event: JobEvent) -> None:
         if event.kind is EventKind.STARTED:
             job = event.job
-            self.recorder.started(job)
+            self.ledger.started(job)
             # the tracer reads this machine's processes: a job on a Ray node has a pid there
             if self.tracer is not None and job.pid is not None and job.node is None:
                 self.tracer.start(
@@ -287,7 +287,7 @@ class LaunchSession:
                 )
         elif event.kind is EventKind.PREEMPTED:
             self.shown.summary.preempted()
-            self.recorder.preempted(event.job)
+            self.ledger.preempted(event.job)
         elif event.kind is EventKind.ENDED and self.fail_fast and not self.scheduler.stopped_by:
             job = event.job
             job_return = to_job_return(job)
@@ -299,14 +299,14 @@ class LaunchSession:
     def _end_trace(self, key: str) -> TracePeaks | None:
         return self.tracer.end(key) if self.tracer is not None else None
 
-    def _compose(self, request: JobRequest) -> JobRecord:
+    def _compose(self, request: JobRequest) -> Job:
         num = request.num
         sweep_config = job_config(self.composer, request)
         with as_job(sweep_config):
-            check_job_paths(sweep_config, self.recorder.sweep.sweep_dir, job_name(request))
+            check_job_paths(sweep_config, self.ledger.sweep.sweep_dir, job_name(request))
             paths = JobPaths.of(job_output_dir(sweep_config))
             task = task_container(sweep_config)
-        return JobRecord(
+        return Job(
             key=str(num),
             num=num,
             overrides=tuple(request.overrides),
@@ -319,27 +319,27 @@ class LaunchSession:
 
     # -- the scheduler's handler ----------------------------------------------------------
 
-    def submitting(self, job: JobRecord) -> None:
+    def submitting(self, job: Job) -> None:
         job.payload = job_payload(job.config)
         self.shown.tally.submitted()  # before submit: the executor may start it at once
 
-    def not_run(self, job: JobRecord, result: JobReturn) -> None:
+    def not_run(self, job: Job, result: JobReturn) -> None:
         self._stop_if_failed(job, self.shown.not_run(job, result))
 
-    def finished(self, job: JobRecord) -> JobReturn:
+    def finished(self, job: Job) -> JobReturn:
         peaks = self._end_trace(job.key)
         job_return = to_job_return(job)
-        self.recorder.record(job, job_return, peaks)
+        self.ledger.record(job, job_return, peaks)
         self._stop_if_failed(job, self.shown.finished(job, job_return, peaks))
         return job_return
 
-    def not_started(self, job: JobRecord) -> JobReturn:
+    def not_started(self, job: Job) -> JobReturn:
         job_return = to_job_return(job)
         self.shown.tally.finished(False)
         self._stop_if_failed(job, self.shown.did_not_finish(job, job_return))
         return job_return
 
-    def _stop_if_failed(self, job: JobRecord, how: str | None) -> None:
+    def _stop_if_failed(self, job: Job, how: str | None) -> None:
         if how is not None and how != "not started":
             self.scheduler.failed(job, how)
 

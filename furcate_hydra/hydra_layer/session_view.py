@@ -14,7 +14,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus
 
 from furcate_hydra.atomic import atomic_write_bytes
-from furcate_hydra.execution.job import JobRecord
+from furcate_hydra.execution.job import Job
 from furcate_hydra.hydra_layer.job_returns import error_text, how_it_ended
 from furcate_hydra.hydra_layer.launch import task_overrides
 from furcate_hydra.hydra_layer.launcher_options import ProgressOptions
@@ -52,7 +52,7 @@ class SessionView:
             self._on = False
             self.view.stop()
 
-    def not_run(self, job: JobRecord, result: JobReturn) -> str | None:
+    def not_run(self, job: Job, result: JobReturn) -> str | None:
         """A job skipped, or its recorded failure reported (rerun=none): how it ended, None
         when it had finished."""
         self.tally.skipped()
@@ -61,9 +61,7 @@ class SessionView:
             return None
         return self.did_not_finish(job, result)
 
-    def finished(
-        self, job: JobRecord, job_return: JobReturn, peaks: TracePeaks | None
-    ) -> str | None:
+    def finished(self, job: Job, job_return: JobReturn, peaks: TracePeaks | None) -> str | None:
         """A job handed back: how it ended, None when it completed."""
         if peaks is not None:
             self.summary.peaks(job.num, peaks.rss_mb, peaks.gpu_mem_mb)
@@ -74,7 +72,7 @@ class SessionView:
             return None
         return self.did_not_finish(job, job_return)
 
-    def did_not_finish(self, job: JobRecord, job_return: JobReturn) -> str:
+    def did_not_finish(self, job: Job, job_return: JobReturn) -> str:
         """Say why at once (a job never started goes without saying) and keep its row;
         returns how it ended (``how_it_ended``)."""
         text = error_text(job, job_return)
@@ -86,7 +84,7 @@ class SessionView:
             log.warning("furcate: job #%d %s: %s (logs: %s)", job.num, how, reason, logs)
         return how
 
-    def stopped(self, held: list[JobRecord]) -> None:
+    def stopped(self, held: list[Job]) -> None:
         """Jobs in flight when the launcher stopped."""
         for job in held:
             started = job.started_at is not None

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from furcate_hydra.execution.executor import EventKind, JobEvent
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 
 __all__ = ["RunningJob", "SweepSnapshot", "SweepTally"]
 
@@ -129,7 +129,7 @@ class SweepTally:
             elif event.kind is EventKind.ENDED:
                 self._ended(job, event.at)
 
-    def _ended(self, job: JobRecord, at: float) -> None:
+    def _ended(self, job: Job, at: float) -> None:
         running = self._running.pop(job.key, None)
         if running is None and job.started_at is None:
             self._waiting = max(self._waiting - 1, 0)  # cancelled before it started
@@ -166,7 +166,7 @@ class SweepTally:
             )
 
 
-def _slot_name(job: JobRecord) -> str:
+def _slot_name(job: Job) -> str:
     slot = job.slot
     if slot is None:
         return "?"

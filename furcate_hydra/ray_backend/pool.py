@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from furcate_hydra.execution.forkserver.protocol import Placement, Start
-from furcate_hydra.execution.job import JobRecord
+from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool, PoolOptions
 from furcate_hydra.execution.transport import (
     Broken,
@@ -87,7 +87,7 @@ class RayTransport(Transport):
         self._ray = ray
         self._owns_ray = owns_ray
         self.actors = SlotActors(ray, plan, options.preload, context, start_timeout_s)
-        self._placed: dict[str, tuple[JobRecord, int]] = {}  # job key -> (job, slot)
+        self._placed: dict[str, tuple[Job, int]] = {}  # job key -> (job, slot)
         self._refs: dict[Any, str] = {}  # ObjectRef of a slot's run() -> job key
         # ObjectRef of a slot's forked() -> (job key, attempt): Started once it resolves
         self._forks: dict[Any, tuple[str, int]] = {}
@@ -120,7 +120,7 @@ class RayTransport(Transport):
     def has_room(self) -> bool:
         return bool(self._free)
 
-    def place(self, job: JobRecord) -> Placed:
+    def place(self, job: Job) -> Placed:
         index = self._free.pop(0)
         slot = self.plan.slots[index]
         slot_env = {"FURCATE_SLOT": str(index)}  # Ray sets CUDA_VISIBLE_DEVICES itself
@@ -144,7 +144,7 @@ class RayTransport(Transport):
         node = self.actors.nodes.get(index)
         return Placed(slot, node.ip if node is not None else None)
 
-    def stop(self, job: JobRecord) -> None:
+    def stop(self, job: Job) -> None:
         _, index = self._placed[job.key]
         self.actors[index].kill.remote(job.key, signal.SIGTERM)
 

@@ -26,9 +26,9 @@ from typing import Generic, Protocol, TypeVar
 from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import Executor
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.store.decisions import Action, Decision
-from furcate_hydra.store.records import RunRecord
+from furcate_hydra.store.run_record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +42,18 @@ R_co = TypeVar("R_co", covariant=True)
 
 
 class Ledger(Protocol[R_co]):
-    """The store's side of scheduling: decide, claim, open, follow (the launcher's recorder)."""
+    """The store's side of scheduling: decide, claim, open, follow (the launcher's run ledger)."""
 
     @property
     def decides_without_store(self) -> bool:
         """Whether ``prepare`` may decide before the store is opened."""
         ...
 
-    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+    def prepare(self, jobs: Sequence[Job]) -> list[Decision] | None:
         """Fingerprint a batch and decide it; None when the store must be opened first."""
         ...
 
-    def decide(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+    def decide(self, jobs: Sequence[Job]) -> list[Decision] | None:
         """Decide a prepared batch again (one lookup)."""
         ...
 
@@ -61,11 +61,11 @@ class Ledger(Protocol[R_co]):
         """Whether these decisions write into the store."""
         ...
 
-    def claim(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> list[Decision]:
+    def claim(self, jobs: Sequence[Job], decisions: Sequence[Decision]) -> list[Decision]:
         """Claim the configs to run; a lost claim becomes ELSEWHERE."""
         ...
 
-    def open(self, job: JobRecord, decision: Decision) -> R_co | None:
+    def open(self, job: Job, decision: Decision) -> R_co | None:
         """The result of a job that does not run (SKIP, REPORT_FAILURE), or None once its run
         is open and it may be submitted."""
         ...
@@ -94,19 +94,19 @@ class Handler(Protocol[R]):
         """A job is about to run: show the progress view."""
         ...
 
-    def submitting(self, job: JobRecord) -> None:
+    def submitting(self, job: Job) -> None:
         """The job is about to go to the executor (its payload, the tally)."""
         ...
 
-    def not_run(self, job: JobRecord, result: R) -> None:
+    def not_run(self, job: Job, result: R) -> None:
         """A job not run (skipped, or a failure reported), with its ledger's result."""
         ...
 
-    def finished(self, job: JobRecord) -> R:
+    def finished(self, job: Job) -> R:
         """A job the executor handed back (or lost): its result, recorded."""
         ...
 
-    def not_started(self, job: JobRecord) -> R:
+    def not_started(self, job: Job) -> R:
         """A job never started (fail_fast stopped the sweep): its result."""
         ...
 
@@ -145,10 +145,10 @@ class Scheduler(Generic[R]):
         self.counts = StreamCounts()
         self.stopped_by: str | None = None  # why no more jobs start (fail_fast)
         self._stopped_note: tuple[int, int] | None = None  # queued and running jobs then
-        self._jobs: dict[str, JobRecord] = {}  # submitted, not yet handed back
+        self._jobs: dict[str, Job] = {}  # submitted, not yet handed back
         self._ready: list[tuple[str, R]] = []  # not run: handed back at the next wait
         # held by other launchers: the job and the run it waits for
-        self._elsewhere: dict[str, tuple[JobRecord, RunRecord]] = {}
+        self._elsewhere: dict[str, tuple[Job, RunRecord]] = {}
         self._next_follow = 0.0
 
     def new_stream(self) -> StreamCounts:
@@ -157,7 +157,7 @@ class Scheduler(Generic[R]):
         return self.counts
 
     @property
-    def in_flight(self) -> list[JobRecord]:
+    def in_flight(self) -> list[Job]:
         """Jobs submitted to the executor and not yet handed back."""
         return list(self._jobs.values())
 
@@ -166,7 +166,7 @@ class Scheduler(Generic[R]):
         held = self._elsewhere.get(key)
         return held[1] if held is not None else None
 
-    def submit(self, jobs: Sequence[JobRecord]) -> None:
+    def submit(self, jobs: Sequence[Job]) -> None:
         """Decide (one store lookup for the batch), claim (one more) and dispatch jobs."""
         if not self.ledger.decides_without_store:
             self.handler.warm_up()  # the lookup needs the store, and the server is forked first
@@ -184,7 +184,7 @@ class Scheduler(Generic[R]):
             assert decisions is not None
         self._dispatch(jobs, decisions)
 
-    def _dispatch(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> None:
+    def _dispatch(self, jobs: Sequence[Job], decisions: Sequence[Decision]) -> None:
         if self.ledger.needs_store(decisions) or any(
             d.action not in (Action.SKIP, Action.REPORT_FAILURE) for d in decisions
         ):
@@ -261,7 +261,7 @@ class Scheduler(Generic[R]):
             if deadline is not None and time.monotonic() >= deadline:
                 return []
 
-    def _hand_back(self, job: JobRecord) -> R:
+    def _hand_back(self, job: Job) -> R:
         self._jobs.pop(job.key, None)
         return self.handler.finished(job)
 
@@ -269,7 +269,7 @@ class Scheduler(Generic[R]):
         """One lookup for every config held elsewhere: those that ended there are ready, with
         that run's outcome; those let go (stopped, their launcher gone) are decided again."""
         waiting = list(self._elsewhere.values())
-        again: list[tuple[JobRecord, Decision]] = []
+        again: list[tuple[Job, Decision]] = []
         for (job, _), decision in zip(
             waiting, self.ledger.follow([r for _, r in waiting]), strict=True
         ):
@@ -281,14 +281,14 @@ class Scheduler(Generic[R]):
             self._dispatch([j for j, _ in again], [d for _, d in again])
         self._next_follow = time.monotonic() + ELSEWHERE_POLL_S
 
-    def ended_badly(self, job: JobRecord, how: str) -> None:
+    def ended_badly(self, job: Job, how: str) -> None:
         """A job just ended otherwise than finished (``how``: failed, crashed, killed, ...):
         under fail_fast, stop starting jobs at once, before the executor gives its slot the
         next one. Said once the job is handed back (``failed``)."""
         if self.fail_fast and self.stopped_by is None:
             self._stop_starting(job, how)
 
-    def failed(self, job: JobRecord, how: str) -> None:
+    def failed(self, job: Job, how: str) -> None:
         """A job handed back that did not finish (``how``), never-started ones aside: under
         fail_fast, no more jobs start, and the log says so after the job that made it stop."""
         self.ended_badly(job, how)
@@ -300,7 +300,7 @@ class Scheduler(Generic[R]):
             )
             self._stopped_note = None
 
-    def _stop_starting(self, job: JobRecord, how: str) -> None:
+    def _stop_starting(self, job: Job, how: str) -> None:
         """The jobs queued are cancelled, and any submitted later not started."""
         self.stopped_by = f"hydra.launcher.fail_fast after job #{job.num} {how}"
         queued = [key for key, held in self._jobs.items() if held.state is JobState.QUEUED]
@@ -308,7 +308,7 @@ class Scheduler(Generic[R]):
         running = sum(1 for held in self._jobs.values() if held.state is JobState.RUNNING)
         self._stopped_note = (len(queued), running)
 
-    def give_up(self) -> list[JobRecord]:
+    def give_up(self) -> list[Job]:
         """Forget every job in flight or followed (the executor closed): the jobs it held."""
         held = list(self._jobs.values())
         self._jobs.clear()

@@ -22,7 +22,7 @@ from typing import Any
 
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun
 from furcate_hydra.store.liveness import LauncherIdentity
-from furcate_hydra.store.records import (
+from furcate_hydra.store.run_record import (
     RETURN_VALUE_ARTIFACT,
     RunRecord,
     Tags,

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from furcate_hydra.store.records import RunRecord, Tags
+from furcate_hydra.store.run_record import RunRecord, Tags
 
 __all__ = ["WON", "Claim", "ClaimRequest", "Verdict", "has_won", "judge"]
 

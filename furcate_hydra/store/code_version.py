@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.store.records import Tags
+from furcate_hydra.store.run_record import Tags
 
 __all__ = ["CodeChange", "CodeVersion", "code_version"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.store.code_version import CodeChange
-from furcate_hydra.store.records import RunRecord, RunStatus, Tags
+from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
 
 __all__ = ["Action", "CodeCheck", "Decision", "Rerun", "decide"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from furcate_hydra.store.records import RunRecord, RunStatus, Tags
+from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
 
 __all__ = ["Gone", "LauncherIdentity", "launcher_gone", "liveness", "process_start_ticks"]
 

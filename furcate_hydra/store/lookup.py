@@ -14,7 +14,7 @@ import collections
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from furcate_hydra.store.records import RunRecord, RunStatus, Tags
+from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
 
 __all__ = ["find_runs", "runs_by_id"]
 

@@ -32,7 +32,7 @@ from furcate_hydra.store.claims import WON, Claim, ClaimRequest, Verdict, judge
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import Gone, LauncherIdentity, launcher_gone, liveness
 from furcate_hydra.store.lookup import find_runs, runs_by_id
-from furcate_hydra.store.records import (
+from furcate_hydra.store.run_record import (
     RETURN_VALUE_ARTIFACT,
     RunRecord,
     RunStatus,

@@ -1,10 +1,10 @@
 """Read a sqlite MLflow store without MLflow: the skip check of a sweep that may run nothing,
 and where the store's sweeps ran.
 
-    JobRecorder.prepare ──► SqliteReader.decide(fingerprints): one SELECT, as lookup.py's
+    RunLedger.prepare ──► SqliteReader.decide(fingerprints): one SELECT, as lookup.py's
                             ──► all SKIP: the rerun ends with nothing imported or started
                             ──► anything else: MLflow opens the store (RunStore) to write
-    JobRecorder.flush   ──► latest_metrics of the skipped runs, for run_data.csv
+    RunLedger.flush   ──► latest_metrics of the skipped runs, for run_data.csv
     furcate status      ──► sweep_dirs: where the store's sweeps ran, to find the newest
 
 Importing MLflow and opening its SQL store takes seconds (see BENCHMARKS.md); Python's sqlite3
@@ -26,7 +26,7 @@ from pathlib import Path
 from furcate_hydra.sqlite_lock import sqlite_schema_made
 from furcate_hydra.store.decisions import CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, liveness
-from furcate_hydra.store.records import RunRecord, RunStatus, Tags
+from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
 
 __all__ = ["SqliteReader", "sweep_dirs"]
 

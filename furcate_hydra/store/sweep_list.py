@@ -17,7 +17,7 @@ from typing import Any
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
-from furcate_hydra.store.records import RunRecord, RunStatus, Tags
+from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
 from furcate_hydra.store.sqlite_reader import sweep_dirs
 from furcate_hydra.store.sweep_reader import open_client
 from furcate_hydra.store.tracking_uri import TrackingUri

@@ -24,8 +24,8 @@ from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
 from furcate_hydra.layout import JobPaths, SweepPaths
 from furcate_hydra.progress import JobProgress, read_progress
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone, process_start_ticks
-from furcate_hydra.store.records import RunRecord, RunStatus, Tags
-from furcate_hydra.store.sweep_record import SweepRecord, SweepRecordError
+from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
+from furcate_hydra.store.sweep_pointer import SweepPointer, SweepPointerError
 from furcate_hydra.store.sweep_snapshot import (
     FileRow,
     StoredRun,
@@ -99,12 +99,12 @@ class SweepReader:
 
     # -- opening ------------------------------------------------------------------------
 
-    def _read_record(self) -> SweepRecord | None:
+    def _read_record(self) -> SweepPointer | None:
         try:
-            return SweepRecord.read(self.paths.sweep_record)
+            return SweepPointer.read(self.paths.sweep_record)
         except FileNotFoundError:
             return None
-        except (OSError, SweepRecordError) as exc:
+        except (OSError, SweepPointerError) as exc:
             raise FurcateConfigError(
                 SWEEP_DIR_ARG,
                 str(self.paths.sweep_dir),

@@ -34,7 +34,7 @@ CREATE INDEX rows_by_run ON rows (run_id);
 
 
 class SweepRows:
-    """The rows of one sweep, by job key; one thread, like the recorder that owns it."""
+    """The rows of one sweep, by job key; one thread, like the run ledger that owns it."""
 
     def __init__(self) -> None:
         # "": a private temporary database on disk, deleted when the connection closes

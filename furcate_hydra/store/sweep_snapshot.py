@@ -21,7 +21,7 @@ from typing import Any
 
 from furcate_hydra.progress import JobProgress
 from furcate_hydra.reasons import interrupted_reason, one_line_reason, pruned_reason
-from furcate_hydra.store.records import RunRecord, RunStatus, Tags, display_return_value
+from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags, display_return_value
 
 __all__ = [
     "FileRow",

@@ -79,11 +79,11 @@ class FurcateLauncher(Launcher):
 
     @property
     def tracking_uri(self) -> str | None:
-        return self.session().recorder.tracking_uri
+        return self.session().ledger.tracking_uri
 
     @property
     def sweep_run_id(self) -> str | None:
-        return self.session().recorder.sweep_run_id
+        return self.session().ledger.sweep_run_id
 
     @contextmanager
     def streaming(self) -> Iterator[None]:

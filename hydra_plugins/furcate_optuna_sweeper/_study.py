@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
-from furcate_hydra.store.records import RunRecord, RunStatus
+from furcate_hydra.store.run_record import RunRecord, RunStatus
 from furcate_hydra.tuning.optuna_private import storage_of, trial_id
 from furcate_hydra.tuning.storage import check_sqlite_storage, rdb_storage
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url

@@ -10,7 +10,7 @@ import pytest
 
 from furcate_hydra.store import RunStatus, flatten_params
 from furcate_hydra.store.params import MAX_KEY, MAX_VALUE
-from furcate_hydra.store.records import MAX_TAG_VALUE, decode_return_value, encode_return_value
+from furcate_hydra.store.run_record import MAX_TAG_VALUE, decode_return_value, encode_return_value
 
 
 def round_trip(value: Any) -> tuple[str, Any]:

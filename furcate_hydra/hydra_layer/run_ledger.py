@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra import env_vars
 from furcate_hydra.atomic import atomic_write_bytes
-from furcate_hydra.execution.job import JobRecord, JobState
+from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.hydra_layer.command_line import given_overrides
 from furcate_hydra.hydra_layer.hydra_private import returned
 from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
@@ -60,13 +60,13 @@ from furcate_hydra.store.run_data import (
     write_ordered_run_data_csv,
     write_run_data_json,
 )
-from furcate_hydra.store.sweep_record import SweepRecord
+from furcate_hydra.store.sweep_pointer import SweepPointer
 from furcate_hydra.store.sweep_rows import SweepRows
 from furcate_hydra.tracing import METRIC_PREFIX, TracePeaks
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JobRecorder", "sweep_run_name"]
+__all__ = ["RunLedger", "sweep_run_name"]
 
 # run_data.csv is rewritten at most this often while jobs stream in, and at every batch's end.
 _CSV_EVERY_S = 10.0
@@ -76,7 +76,7 @@ _MAX_RUN_NAME = 240
 _METRICS_CHUNK = 500
 
 
-class JobRecorder:
+class RunLedger:
     """The launcher's side of the store; without MLflow it still fingerprints and writes files.
 
     Keeps nothing per job in memory: a job's record is the caller's, its run_data.csv row is
@@ -103,7 +103,7 @@ class JobRecorder:
                 stale_after_s=options.stale_after_s,
                 sqlite_wal=options.sqlite_wal,
             )
-        self._started_at: float | None = None  # when the sweep's record was first written
+        self._started_at: float | None = None  # when the sweep pointer was first written
         self._sweep_recorded = False
         self._rows = SweepRows()
         self._claims: dict[str, Claim] = {}  # won, by job key, until the job's run is opened
@@ -138,13 +138,13 @@ class JobRecorder:
 
     # -- before jobs run ----------------------------------------------------------------
 
-    def prepare(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+    def prepare(self, jobs: Sequence[Job]) -> list[Decision] | None:
         """Fingerprint a batch and ``decide`` it."""
         for job in jobs:
             job.fingerprint = fingerprint(job.task_config, self.options.fingerprint_ignore)
         return self.decide(jobs)
 
-    def decide(self, jobs: Sequence[JobRecord]) -> list[Decision] | None:
+    def decide(self, jobs: Sequence[Job]) -> list[Decision] | None:
         """Decide each job of a prepared batch with one store lookup for all of them; None
         when only MLflow can read the store: ``open_store``, then decide again."""
         decisions: dict[str, Decision] = {}
@@ -155,11 +155,11 @@ class JobRecorder:
                 return None
             decisions = decided
         if self._started_at is None:
-            self._write_sweep_record()
+            self._write_sweep_pointer()
         run = Decision(Action.RUN)
         return [decisions.get(str(job.fingerprint), run) for job in jobs]
 
-    def claim(self, jobs: Sequence[JobRecord], decisions: Sequence[Decision]) -> list[Decision]:
+    def claim(self, jobs: Sequence[Job], decisions: Sequence[Decision]) -> list[Decision]:
         """Claim the configs of the jobs about to run or resume, one lookup for all of them.
         A lost claim turns its job's decision into ELSEWHERE: wait for the run that holds it.
         A config twice in the batch is claimed once; its twin waits for that run."""
@@ -215,7 +215,7 @@ class JobRecorder:
         pid, host = tags.get(Tags.LAUNCHER_PID, "?"), tags.get(Tags.HOST, "?")
         return f"launcher pid {pid} on {host}"
 
-    def open(self, job: JobRecord, decision: Decision) -> JobReturn | None:
+    def open(self, job: Job, decision: Decision) -> JobReturn | None:
         """The JobReturn of a job that does not run (its record says how it ended), or None
         once the job's run is open (its claim's new run, or the interrupted one) and its env
         is set. Not for ELSEWHERE: such a job waits (``follow``)."""
@@ -281,7 +281,7 @@ class JobRecorder:
 
     def _write_skipped_job_dir(
         self,
-        job: JobRecord,
+        job: Job,
         row: JobRow,
         job_return: JobReturn,
         recorded: Path | None,
@@ -315,7 +315,7 @@ class JobRecorder:
             log_file = output_dir / f"{job.config.hydra.job.name}.log"
             atomic_write_bytes(log_file, f"furcate: {why}{where}\n".encode(), durable=False)
 
-    def _job_tags(self, job: JobRecord) -> dict[str, str]:
+    def _job_tags(self, job: Job) -> dict[str, str]:
         return {
             Tags.FINGERPRINT: str(job.fingerprint),
             Tags.OVERRIDES: " ".join(job.overrides),
@@ -333,14 +333,14 @@ class JobRecorder:
             sweep_run_name(time.time(), self._invocation),
             {Tags.SWEEP_DIR: str(self.sweep.sweep_dir), Tags.OVERRIDES: self._invocation},
         )
-        self._write_sweep_record()
+        self._write_sweep_pointer()
 
-    def _write_sweep_record(self) -> None:
+    def _write_sweep_pointer(self) -> None:
         """furcate_sweep.json: the store and experiment, and the sweep run once there is one."""
         if self._started_at is None:
             self._started_at = time.time()
         access, store = self.access, self.store
-        SweepRecord(
+        SweepPointer(
             tracking_uri=access.tracking.uri if access else None,
             experiment_id=access.experiment_id if access else None,
             experiment_name=access.experiment if access else None,
@@ -351,7 +351,7 @@ class JobRecorder:
 
     # -- while it runs -------------------------------------------------------------------
 
-    def started(self, job: JobRecord) -> None:
+    def started(self, job: Job) -> None:
         """A process started for the job: its run_data.json says RUNNING, since when, where.
 
         Until then its run is RUNNING in the store but the job is queued; ``furcate status``
@@ -360,19 +360,17 @@ class JobRecorder:
         row = self._row(job, RunStatus.RUNNING, None, None)
         write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
 
-    def preempted(self, job: JobRecord) -> None:
+    def preempted(self, job: Job) -> None:
         """The job was preempted and queued again: its run counts it (``furcate.preemptions``)."""
         if self.store is not None and job.run_id is not None:
             self.store.set_job_tags(job.run_id, {Tags.PREEMPTIONS: str(job.preemptions)})
 
     # -- after a job ends ---------------------------------------------------------------
 
-    def record(
-        self, job: JobRecord, job_return: JobReturn, peaks: TracePeaks | None = None
-    ) -> None:
+    def record(self, job: Job, job_return: JobReturn, peaks: TracePeaks | None = None) -> None:
         """The outcome of a job that ran: its run, run_data.json and its run_data.csv row
         (with the peaks of its resource trace, if it has one)."""
-        status, value, error = _outcome(job, job_return)
+        status, value, error = _run_end(job, job_return)
         pending = self.store is not None and job.run_id is not None
         row = self._add_row(job, status, value, error, metrics_pending=pending, peaks=peaks)
         job.paths.output_dir.mkdir(parents=True, exist_ok=True)  # a job that never started
@@ -431,7 +429,7 @@ class JobRecorder:
     def close(
         self,
         interrupted: bool,
-        in_flight: Iterable[JobRecord],
+        in_flight: Iterable[Job],
         peaks: Mapping[str, TracePeaks | None] | None = None,
     ) -> None:
         """Runs of jobs still in flight are KILLED (resumable), with their trace's ``peaks``
@@ -461,7 +459,7 @@ class JobRecorder:
 
     def _add_row(
         self,
-        job: JobRecord,
+        job: Job,
         status: RunStatus,
         value: Any,
         error: str | None,
@@ -474,7 +472,7 @@ class JobRecorder:
 
     @staticmethod
     def _row(
-        job: JobRecord,
+        job: Job,
         status: RunStatus,
         value: Any,
         error: str | None,
@@ -508,7 +506,8 @@ def sweep_run_name(started: float, invocation: str) -> str:
     return f"{clock} {invocation or 'sweep'}"[:_MAX_RUN_NAME]
 
 
-def _outcome(job: JobRecord, job_return: JobReturn) -> tuple[RunStatus, Any, str | None]:
+def _run_end(job: Job, job_return: JobReturn) -> tuple[RunStatus, Any, str | None]:
+    """What a job's run records as it ends: its final status, return value and error."""
     if job.state in (JobState.CANCELLED, JobState.PREEMPTED):  # resumed by the next run
         return RunStatus.KILLED, None, job.error
     if job_return.status is JobStatus.COMPLETED:
@@ -528,7 +527,7 @@ def _mb(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def _details(job: JobRecord) -> dict[str, Any]:
+def _details(job: Job) -> dict[str, Any]:
     slot = job.slot
     return {
         "submitted_at": job.submitted_at,

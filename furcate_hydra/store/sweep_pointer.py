@@ -1,7 +1,7 @@
 """Where a sweep records, written into its sweep dir when it starts: ``furcate_sweep.json``.
 
-    launcher, first batch ──► SweepRecord(store, experiment, sweep run) ──► furcate_sweep.json
-    ``furcate status DIR`` ──► SweepRecord.read ──► the store and the sweep run to read
+    launcher, first batch ──► SweepPointer(store, experiment, sweep run) ──► furcate_sweep.json
+    ``furcate status DIR`` ──► SweepPointer.read ──► the store and the sweep run to read
 
 With it, anyone holding the sweep dir finds the sweep's runs, from any working directory and
 while the sweep runs. A sweep dir that a later sweep reuses names that later sweep.
@@ -15,17 +15,17 @@ from pathlib import Path
 
 from furcate_hydra.atomic import atomic_write_bytes
 
-__all__ = ["SweepRecord", "SweepRecordError"]
+__all__ = ["SweepPointer", "SweepPointerError"]
 
 _VERSION = 1
 
 
-class SweepRecordError(ValueError):
-    """``furcate_sweep.json`` is there but cannot be read as a sweep record."""
+class SweepPointerError(ValueError):
+    """``furcate_sweep.json`` is there but cannot be read as a sweep pointer."""
 
 
 @dataclass(frozen=True)
-class SweepRecord:
+class SweepPointer:
     """The sweep's store and run; ``tracking_uri`` is None when the sweep recorded no runs.
 
     Attributes:
@@ -52,8 +52,8 @@ class SweepRecord:
         atomic_write_bytes(path, json.dumps(data, indent=2).encode("utf-8"), durable=False)
 
     @classmethod
-    def read(cls, path: Path) -> SweepRecord:
-        """The record in ``path``; SweepRecordError when it is not one (OSError when absent)."""
+    def read(cls, path: Path) -> SweepPointer:
+        """The record in ``path``; SweepPointerError when it is not one (OSError when absent)."""
         text = path.read_bytes()
         try:
             data = json.loads(text)
@@ -66,7 +66,7 @@ class SweepRecord:
                 stale_after_s=float(data["stale_after_s"]),
             )
         except (ValueError, TypeError, KeyError) as exc:
-            raise SweepRecordError(f"{path} is not a furcate sweep record: {exc!r}") from None
+            raise SweepPointerError(f"{path} is not a furcate sweep record: {exc!r}") from None
 
 
 def _optional_str(value: object) -> str | None:
