@@ -293,3 +293,31 @@ def wait_gone(processes: list[Any]) -> None:
 def reference_store(tmp_path: Path) -> dict[str, str]:
     """A store of its own for the sweep that is never stopped (else it would skip)."""
     return {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'reference.db'}"}
+
+
+@pytest.mark.parametrize(
+    ("imports", "mode", "preload", "expected"),
+    [
+        ("import lightning as L", "auto", None, "('furcate_hydra.lightning._own_trainer',)"),
+        ("import pytorch_lightning", "auto", None, "('furcate_hydra.lightning._own_trainer',)"),
+        ("import torch", "auto", None, "()"),  # a task that never imports Lightning
+        (
+            "import torch",
+            "auto",
+            ["pytorch_lightning"],
+            "('furcate_hydra.lightning._own_trainer',)",
+        ),
+        ("import lightning as L", "off", None, "()"),
+    ],
+)
+def test_the_fork_server_imports_the_lightning_layer_once_for_every_job(
+    imports: str, mode: str, preload: list[str] | None, expected: str
+) -> None:
+    # ~0.2 s a job otherwise (the handoff benchmark found it): the server imports it where
+    # the launcher's process has the app's Lightning, or preload names it
+    code = (
+        f"{imports}\nfrom furcate_hydra.lightning_auto import server_imports\n"
+        f"print(server_imports({mode!r}, {preload!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == expected, result.stderr

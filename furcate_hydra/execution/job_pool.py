@@ -72,6 +72,9 @@ class PoolOptions:
     # fork a job per busy slot ahead, handed the slot the moment its job ends; off where no
     # job may start after a failure (fail_fast): the server cannot tell a failed job's end
     fork_ahead: bool = True
+    # modules every job imports before its task (furcate's own job side), which the fork
+    # server imports once besides ``preload``, so that no job pays for them
+    job_imports: tuple[str, ...] = ()
 
 
 class JobPool:

@@ -218,7 +218,9 @@ class LocalTransport(Transport):
         if self._server is None:
             preload, output = self.options.preload, self._output
             warm = self._warm() if self._warm is not None else None
-            self._server = start_server(preload, self._context, warm, output)
+            self._server = start_server(
+                preload, self._context, warm, output, self.options.job_imports
+            )
         return self._server
 
     def ready_server(self) -> ForkServerClient:

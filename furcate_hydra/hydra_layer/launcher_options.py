@@ -18,7 +18,7 @@ from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.job_pool import PoolOptions
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
-from furcate_hydra.lightning_auto import AUTO, MODES
+from furcate_hydra.lightning_auto import AUTO, MODES, server_imports
 from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.ray_backend.options import Backend, RayOptions
 from furcate_hydra.store import CodeChange, Rerun
@@ -220,6 +220,7 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         echo_output=bool(options["echo_output"]),
         stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),
         fork_ahead=not _flag(options, "fail_fast"),
+        job_imports=server_imports(options["lightning"], preload),
     )
 
 

@@ -21,7 +21,7 @@ from types import ModuleType
 
 from furcate_hydra import env_vars
 
-__all__ = ["AUTO", "MODES", "OFF", "install_for_job"]
+__all__ = ["AUTO", "MODES", "OFF", "install_for_job", "server_imports"]
 
 AUTO, OFF = "auto", "off"
 MODES = (AUTO, OFF)
@@ -40,6 +40,18 @@ def install_for_job() -> None:
             _patch(name)
     if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchAfterImport())
+
+
+def server_imports(mode: object, preload: Sequence[str] | None = None) -> tuple[str, ...]:
+    """What the fork server imports once for ``hydra.launcher.lightning=mode``, so that no job
+    pays for it (~0.2 s a job here): the Lightning layer, where the app has loaded a Lightning
+    namespace in the launcher's process (imported at its top) or ``preload`` names one;
+    nothing otherwise (a task that never imports Lightning never loads it)."""
+    packages = {name.split(".")[0] for name in _NAMESPACES}
+    lightning = any(name in sys.modules for name in _NAMESPACES) or any(
+        name.split(".")[0] in packages for name in preload or ()
+    )
+    return ("furcate_hydra.lightning._own_trainer",) if mode == AUTO and lightning else ()
 
 
 def _patch(name: str) -> None:

@@ -36,6 +36,7 @@ class SlotActors:
         ray: Any,
         plan: RaySlotPlan,
         preload: tuple[str, ...] | None,
+        job_imports: tuple[str, ...],
         context: bytes,
         start_timeout_s: float,
     ) -> None:
@@ -45,11 +46,10 @@ class SlotActors:
         self.start_timeout_s = start_timeout_s
         # unset: the heavy modules the launcher has loaded (its task's imports), as a new
         # interpreter's fork server on this machine would import them
-        self._preload = (
-            list(preload)
-            if preload is not None
-            else [name for name in HEAVY_MODULES if name in sys.modules]
-        )
+        self._preload = [
+            *(preload if preload is not None else (m for m in HEAVY_MODULES if m in sys.modules)),
+            *job_imports,
+        ]
         self._class = ray.remote(SlotActor).options(
             num_gpus=plan.gpus_per_slot,
             num_cpus=plan.cpus_per_slot,

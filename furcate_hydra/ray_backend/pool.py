@@ -86,7 +86,9 @@ class RayTransport(Transport):
         self.options = options
         self._ray = ray
         self._owns_ray = owns_ray
-        self.actors = SlotActors(ray, plan, options.preload, context, start_timeout_s)
+        self.actors = SlotActors(
+            ray, plan, options.preload, options.job_imports, context, start_timeout_s
+        )
         self._placed: dict[str, tuple[Job, int]] = {}  # job key -> (job, slot)
         self._refs: dict[Any, str] = {}  # ObjectRef of a slot's run() -> job key
         # ObjectRef of a slot's forked() -> (job key, attempt): Started once it resolves

@@ -57,18 +57,20 @@ def start_server(
     context: bytes,
     warm: WarmContext | None,
     output: ConsoleOutput | None,
+    job_imports: Sequence[str] = (),
 ) -> ForkServerClient:
     """The fork server: a fork of this process where it can be one (``warm`` given, no other
     thread), importing only the ``preload`` it lacks; else a new interpreter importing
-    ``preload`` (unset: the heavy modules this process has) and the task's module."""
-    modules = list(preload or ())
+    ``preload`` (unset: the heavy modules this process has) and the task's module. Either
+    imports ``job_imports`` too, what every job would import before its task."""
+    modules = [*(preload or ()), *job_imports]
     if warm is not None and can_fork():
         missing = [name for name in modules if name not in sys.modules]
         also = f"; importing {', '.join(missing)}" if missing else ""
         log.info("furcate: starting the fork server (a fork of this process%s) …", also)
         return ForkServerClient(modules, context, warm=warm, output=output)
     if preload is None:
-        modules = [name for name in HEAVY_MODULES if name in sys.modules]
+        modules = [*(name for name in HEAVY_MODULES if name in sys.modules), *job_imports]
     log.info(
         "furcate: starting the fork server (a new interpreter, importing %s once, for every "
         "job to start from) …",
