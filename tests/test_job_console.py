@@ -78,10 +78,11 @@ def test_the_console_says_what_happens_before_the_first_job(sweep: Sweep) -> Non
 
     # the server is a fork of the launcher, made before MLflow opens the store; it imports
     # what the app's preload names and the launcher has not imported (its task imports torch
-    # inside the task function)
+    # inside the task function), and furcate's Lightning layer, which every job of a
+    # Lightning app would import otherwise (hydra.launcher.lightning=auto)
     forking = first(
         r"furcate: starting the fork server \(a fork of this process; importing torch, "
-        r"pytorch_lightning\) …$"
+        r"pytorch_lightning, furcate_hydra\.lightning\._own_trainer\) …$"
     )
     opening = first(r"furcate: opening the MLflow store sqlite:///.*mlflow\.db …$")
     recording = first(r"furcate: recording runs in experiment 'lightning_app'; to see them: ")
