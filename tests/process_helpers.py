@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
+import pytest
 
 from tests.conftest import APPS
 
@@ -81,3 +83,26 @@ def wait_for_descendants(launcher: psutil.Process, count: int, timeout: float) -
             return pids
         time.sleep(0.1)
     raise AssertionError(f"only {len(launcher.children(recursive=True))} descendants appeared")
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    process: subprocess.Popen[Any],
+    what: str,
+    timeout: float = 120,
+) -> None:
+    """Poll ``condition`` until it holds; fail with what ``process`` printed if it ends first,
+    and kill it if ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            printed = "".join(_text(part) for part in process.communicate())
+            pytest.fail(f"the sweep ended before {what}:\n{printed}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""

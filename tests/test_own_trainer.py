@@ -15,16 +15,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+import psutil
 import pytest
 
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import REPO, run_cli
+from tests.process_helpers import still_alive, wait_for
 from tests.store_helpers import all_runs, job_runs
 
 EXAMPLE = REPO / "examples" / "own_trainer"
@@ -134,10 +133,12 @@ def test_kill_9_of_the_launcher_mid_epoch_then_the_same_command_ends_as_if_never
         start_new_session=True,
     )  # fmt: skip
     wait_for(lambda: saved_mid_epoch(work), first, "a checkpoint within epoch 1")
-    jobs = psutil_children(first.pid)
+    jobs = [child.pid for child in psutil.Process(first.pid).children(recursive=True)]
+    assert jobs, "expected the fork server and the running job"
     first.kill()  # the launcher alone, as the OOM killer would
     first.wait(timeout=60)
-    wait_gone(jobs)
+    # the fork server notices its launcher is gone and stops every job
+    assert still_alive(jobs, timeout=30) == []
     (old_dir,) = sweep_dirs(work)
     old_files = sorted(p.name for p in (old_dir / "0" / "checkpoints").iterdir())
 
@@ -261,33 +262,6 @@ def saved_mid_epoch(work: Path) -> bool:
         return False
     saved = json.loads(pointer.read_text())
     return bool(saved["epoch"] >= 1 and saved["batch"])
-
-
-def wait_for(condition: Callable[[], bool], process: subprocess.Popen[Any], what: str) -> None:
-    deadline = time.monotonic() + 120
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"the sweep ended before {what}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def psutil_children(pid: int) -> list[Any]:
-    import psutil
-
-    children: list[Any] = psutil.Process(pid).children(recursive=True)
-    assert children, "expected the fork server and the running job"
-    return children
-
-
-def wait_gone(processes: list[Any]) -> None:
-    import psutil
-
-    # the fork server notices its launcher is gone and stops every job
-    _, alive = psutil.wait_procs(processes, timeout=30)
-    assert not alive, f"outlived their launcher: {alive}"
 
 
 def reference_store(tmp_path: Path) -> dict[str, str]:

@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ import pytest
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
-from tests.process_helpers import killed_if_left, start_sweep
+from tests.process_helpers import killed_if_left, start_sweep, wait_for
 from tests.store_helpers import job_runs
 
 # each test trains two small models through the real CLI, one twice (~30-60 s here)
@@ -38,17 +35,6 @@ def rows(tmp_path: Path, sweep: str = "sweep") -> list[dict[str, int]]:
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
-
-
-def wait_for(condition: Callable[[], bool], process: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 180
-    while not condition():
-        if process.poll() is not None:
-            _, err = process.communicate()
-            pytest.fail(f"the sweep ended before {what}:\n{err.decode()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def by_pid(executed: list[dict[str, int]]) -> list[list[dict[str, int]]]:
@@ -71,7 +57,7 @@ def test_sigterm_to_a_job_saves_at_once_and_it_resumes_in_the_same_sweep(
 ) -> None:
     with killed_if_left(start_sweep("preempt_app.py", tmp_path, *SWEEP)) as process:
         # mid-epoch 1 (8 batches an epoch), then the signal, as a scheduler sends it
-        wait_for(lambda: len(rows(tmp_path)) >= 11, process, "the slow job to reach epoch 1")
+        wait_for(lambda: len(rows(tmp_path)) >= 11, process, "the slow job to reach epoch 1", 180)
         os.kill(rows(tmp_path)[0]["pid"], signal.SIGTERM)
         _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err.decode()
@@ -104,7 +90,7 @@ def test_a_lost_machine_resumes_from_the_last_step_checkpoint(
         return json.loads(pointer_path.read_text())["batch"] is not None
 
     with killed_if_left(start_sweep("preempt_app.py", tmp_path, *options)) as process:
-        wait_for(mid_epoch_checkpoint_saved, process, "a step checkpoint of the slow job")
+        wait_for(mid_epoch_checkpoint_saved, process, "a step checkpoint of the slow job", 180)
         # everything at once, as a power cut: the launcher, its fork server, the jobs
         tree = [process.pid, *(c.pid for c in psutil.Process(process.pid).children(True))]
         for pid in tree:
@@ -137,7 +123,7 @@ def test_the_launchers_own_sigterm_saves_but_is_not_a_preemption(
 ) -> None:
     with killed_if_left(start_sweep("preempt_app.py", tmp_path, *SWEEP)) as process:
         # early in epoch 1: the launcher's stop reaches the job well before the epoch ends
-        wait_for(lambda: len(rows(tmp_path)) >= 9, process, "the slow job to reach epoch 1")
+        wait_for(lambda: len(rows(tmp_path)) >= 9, process, "the slow job to reach epoch 1", 180)
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the launcher stops its jobs
         process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGINT

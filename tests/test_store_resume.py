@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
+from tests.process_helpers import wait_for
 from tests.store_helpers import job_runs, sweep_runs
 
 # Each test runs a Lightning sweep twice, interrupting the first.
@@ -46,19 +46,6 @@ def start_sweep(tmp_path: Path, name: str) -> subprocess.Popen[str]:
         text=True,
         start_new_session=True,  # its own group, as a shell gives a foreground job
     )
-
-
-def wait_for(condition: Callable[[], bool], process: subprocess.Popen[str], what: str) -> None:
-    deadline = time.monotonic() + 120
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(
-                f"sweep ended before {what}:\n{process.stdout.read() if process.stdout else ''}"
-            )
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def mid_training(tmp_path: Path, uri: str, name: str) -> Callable[[], bool]:
