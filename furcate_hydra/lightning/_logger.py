@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_fabric.loggers.logger import rank_zero_experiment
 from lightning_utilities.core.rank_zero import rank_zero_only
-from mlflow.entities import Param
+from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, ErrorCode
 from mlflow.tracking import MlflowClient
@@ -86,8 +86,9 @@ class RunBinding(_LoggerBase):
             for key, value in (self.tags or {}).items()
             if str(key) not in existing and not str(key).startswith(_OWNED_TAG_PREFIXES)
         }
-        for key, value in tags.items():
-            self._mlflow_client.set_tag(self._bound_run_id, key, value, synchronous=True)
+        if tags:  # one call for all of them
+            batch = [RunTag(key, value) for key, value in tags.items()]
+            self._mlflow_client.log_batch(self._bound_run_id, tags=batch, synchronous=True)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
