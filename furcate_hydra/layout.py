@@ -6,6 +6,8 @@
                                     (written at its start; ``furcate status`` reads it)
       run_data.csv                  one row per job (furcate's run_data.csv)
       summary.md                    counts per outcome, the jobs that did not finish and why
+      gpu_packing.json              jobs_per_gpu=auto: per GPU, jobs at a time and the peak
+                                    memory per job learned (``furcate status`` shows it)
       optimization_results.yaml     the Optuna sweeper's best trial(s), plus its plots
       optuna.db                     the study of an Optuna sweep with ``storage: null``
                                     (``optuna-2.db``, ... where the dir is reused)
@@ -141,6 +143,7 @@ class SweepPaths:
 
     RUN_DATA_CSV = "run_data.csv"
     SUMMARY = "summary.md"
+    GPU_PACKING = "gpu_packing.json"
     MULTIRUN_YAML = "multirun.yaml"
     SWEEP_RECORD = "furcate_sweep.json"
     OPTIMIZATION_RESULTS = "optimization_results.yaml"
@@ -159,6 +162,10 @@ class SweepPaths:
     @property
     def summary(self) -> Path:
         return self.sweep_dir / self.SUMMARY
+
+    @property
+    def gpu_packing(self) -> Path:
+        return self.sweep_dir / self.GPU_PACKING
 
     @property
     def multirun_yaml(self) -> Path:

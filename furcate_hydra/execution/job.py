@@ -64,6 +64,8 @@ class Job:
         attempts: How many times a process was started for it.
         preemptions: How many of those processes were preempted (signalled from outside the
             executor; each saved where it was and the next attempt resumed from there).
+        memory_retries: How many of them ran out of GPU memory beside other jobs and were
+            queued again (``jobs_per_gpu=auto``), not counted as retries.
         value: What the job returned (COMPLETED).
         error: Why it did not complete, in words (FAILED, CRASHED, CANCELLED, LOST,
             PREEMPTED).
@@ -89,6 +91,7 @@ class Job:
     node: str | None = None
     attempts: int = 0
     preemptions: int = 0
+    memory_retries: int = 0
     submitted_at: float = field(default_factory=time.time)
     started_at: float | None = None
     ended_at: float | None = None

@@ -29,7 +29,9 @@ from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver.protocol import ChildReport
+from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job, JobState
+from furcate_hydra.execution.out_of_memory import cuda_out_of_memory, stderr_size
 from furcate_hydra.execution.transport import (
     Broken,
     Ended,
@@ -80,8 +82,14 @@ class PoolOptions:
 class JobPool:
     """Runs jobs through a transport, each job handed back once (see the module doc)."""
 
-    def __init__(self, transport: Transport, options: PoolOptions) -> None:
+    def __init__(
+        self, transport: Transport, options: PoolOptions, packing: GpuPacking | None = None
+    ) -> None:
+        """``packing``: with ``jobs_per_gpu=auto``, what opens and closes GPU slots (the
+        transport's slot book asks it too); a job that ran out of GPU memory is its to judge."""
         self.options = options
+        self.packing = packing
+        self._stderr_from: dict[str, int] = {}  # packed jobs: where their attempt's stderr starts
         self._transport = transport
         self._queue: collections.deque[Job] = collections.deque()
         self._held: dict[str, Job] = {}  # placed: on a slot, or ahead of one
@@ -163,6 +171,8 @@ class JobPool:
                 INTERRUPT_CHECK_S if remaining is None else min(remaining, INTERRUPT_CHECK_S)
             )
             self._handle(self._poll(remaining))
+            if self.packing is not None and self.packing.take_growth():
+                self._dispatch()  # a GPU opened a slot: its memory has room for one more job
             self._poll_progress()
         done, self._done = self._done, []
         return done
@@ -251,6 +261,8 @@ class JobPool:
                 # of an attempt that crashed or was preempted, if this is another
                 job.pid = job.started_at = job.ended_at = None
                 job.paths.output_dir.mkdir(parents=True, exist_ok=True)
+                if self.packing is not None:
+                    self._stderr_from[job.key] = stderr_size(job.paths.stderr)
                 self._held[job.key] = job
                 placed = self._transport.place(job)
             except TransportBroken as exc:
@@ -276,6 +288,8 @@ class JobPool:
 
     def _occupy(self, job: Job, placed: Placed) -> None:
         job.slot, job.node, job.state = placed.slot, placed.node, JobState.RUNNING
+        if self.packing is not None and placed.slot.device is not None:
+            self.packing.started(job.key, placed.slot.device)
 
     def _running(self) -> list[Job]:
         return [job for job in self._held.values() if job.state is JobState.RUNNING]
@@ -312,6 +326,8 @@ class JobPool:
             self._crashed(job, ended.died)
         elif (why := _preempted(report, ended.wait_status)) is not None:
             self._on_preempted(job, why)
+        elif (oom := self._out_of_memory(job, report)) is not None:
+            self._on_out_of_memory(job, *oom)
         elif report is not None and report.error is None:
             self._finish(job, JobState.COMPLETED, value=report.value)
         elif report is not None:
@@ -321,15 +337,43 @@ class JobPool:
             if ended.wait_status is not None:
                 why = describe_wait_status(ended.wait_status)
             self._crashed(job, why if ended.where is None else f"{why} (on {ended.where})")
+        if self.packing is not None:
+            self._stderr_from.pop(job.key, None)
+            self.packing.ended(job.key)
+
+    def _out_of_memory(self, job: Job, report: ChildReport | None) -> tuple[str, bool] | None:
+        """For a packed GPU job that did not complete: what said it ran out of GPU memory,
+        and whether to queue it again (else it fails)."""
+        if self.packing is None or job.slot is None or job.slot.device is None:
+            return None
+        if report is not None and report.error is None and report.exit_code is None:
+            return None  # it completed
+        since = self._stderr_from.get(job.key, 0)
+        line = cuda_out_of_memory(report.error if report else None, job.paths.stderr, since)
+        if line is None:
+            return None
+        verdict = self.packing.out_of_memory(job.key)
+        return f"{verdict.why} ({line})", verdict.queue_again
+
+    def _on_out_of_memory(self, job: Job, why: str, queue_again: bool) -> None:
+        """Not a failure where the GPU was shared: the job goes first in the queue again,
+        without using a retry; alone on its GPU, it fails with that reason."""
+        if not queue_again:
+            self._finish(job, JobState.FAILED, error=f"{why}\n{job.paths.see_logs()}")
+            return
+        job.memory_retries += 1
+        log.warning("Job %s %s; queued again", job.label or job.key, why)
+        self._queue_again(job, EventKind.RETRYING, why)
 
     def _crashed(self, job: Job, why: str) -> None:
         """Retry the job if it has retries left (and the pool still runs), else CRASHED."""
-        if self._broken is None and job.attempts - job.preemptions <= self.options.max_retries:
+        retries = job.attempts - job.preemptions - job.memory_retries
+        if self._broken is None and retries <= self.options.max_retries:
             log.warning(
                 "Job %s crashed (%s); retry %d of %d",
                 job.label or job.key,
                 why,
-                job.attempts,
+                retries,
                 self.options.max_retries,
             )
             self._queue_again(job, EventKind.RETRYING, why)

@@ -41,6 +41,7 @@ from furcate_hydra.execution.forkserver.protocol import (
     WarmContext,
 )
 from furcate_hydra.execution.forkserver.protocol import Started as ServerStarted
+from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool, PoolOptions
 from furcate_hydra.execution.slot_book import SlotBook
@@ -72,15 +73,17 @@ class LocalPool(JobPool):
         options: PoolOptions,
         output: ConsoleOutput | None = None,
         warm: Callable[[], WarmContext | None] | None = None,
+        packing: GpuPacking | None = None,
     ) -> None:
         """``context``: what every job starts from, pickled. ``warm``: asked when the server
         starts, for what a fork of this process starts jobs from, as it is at the fork (so it
         must not hold state a later ``set_context`` changes); None, or it answers None: start
         a new interpreter. ``output``: where job output echoed to the console goes (default:
-        the launcher's stdout and stderr)."""
+        the launcher's stdout and stderr). ``packing``: with ``jobs_per_gpu=auto``, how many of
+        each GPU's slots are open."""
         self.plan = plan
-        self._local = LocalTransport(plan, context, options, output, warm)
-        super().__init__(self._local, options)
+        self._local = LocalTransport(plan, context, options, output, warm, packing)
+        super().__init__(self._local, options, packing)
 
     @property
     def server_start_s(self) -> float:
@@ -109,6 +112,7 @@ class LocalTransport(Transport):
         options: PoolOptions,
         output: ConsoleOutput | None,
         warm: Callable[[], WarmContext | None] | None,
+        packing: GpuPacking | None = None,
     ) -> None:
         self.plan = plan
         self.options = options
@@ -117,13 +121,19 @@ class LocalTransport(Transport):
         self._output = output
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
         self._server: ForkServerClient | None = None
-        self._slots = SlotBook(plan.slots)
+        self._packing = packing
+        self._packed_devices = {slot.device for slot in plan.slots if slot.device is not None}
+        self._slots = SlotBook(plan.slots, packing.capacity if packing is not None else None)
         self._jobs: dict[str, Job] = {}  # placed: on a slot, or ahead of one
         self._ahead: dict[str, Job] = {}  # forked ahead, waiting at their gates for a slot
 
     @property
     def slot_count(self) -> int:
-        return len(self.plan.slots)
+        """Slots open now: a GPU under ``jobs_per_gpu=auto`` opens its plan's slots as its
+        jobs' memory allows."""
+        if self._packing is None:
+            return len(self.plan.slots)
+        return sum(self._packing.capacity(device) or 0 for device in self._packed_devices)
 
     @property
     def idle_slots(self) -> int:

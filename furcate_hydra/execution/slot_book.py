@@ -7,12 +7,15 @@ hand_on(ended, job)                                   the fork server gave a job
                                                       slot of a job that ended
 release(job)                                          a job ended: its slot is free, unless
                                                       it was handed on
+
+With ``jobs_per_gpu=auto`` a GPU has more slots than it runs jobs at a time: ``capacity``
+says how many of a device's slots may be busy now (``GpuPacking``); the others are not free.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from furcate_hydra.execution.slots import Slot
 
@@ -22,8 +25,12 @@ __all__ = ["SlotBook"]
 class SlotBook:
     """The slots of a plan and who holds them; owned by the pool's one thread."""
 
-    def __init__(self, slots: Sequence[Slot]) -> None:
+    def __init__(
+        self, slots: Sequence[Slot], capacity: Callable[[str | None], int | None] | None = None
+    ) -> None:
+        """``capacity(device)``: how many of its slots may be busy now; None: all of them."""
         self.slots = tuple(slots)
+        self._capacity = capacity
         self._free: list[Slot] = list(slots)
         self._busy_per_device: collections.Counter[str | None] = collections.Counter()
         self._held: dict[str, Slot] = {}  # by job key
@@ -31,7 +38,10 @@ class SlotBook:
 
     @property
     def free(self) -> int:
-        return len(self._free)
+        """Free slots a job may take now."""
+        if self._capacity is None:
+            return len(self._free)
+        return sum(1 for _ in self._usable())
 
     @property
     def offered(self) -> int:
@@ -39,7 +49,7 @@ class SlotBook:
 
     def take_free(self) -> Slot:
         """A free slot, on the least busy device first."""
-        slot = min(self._free, key=lambda s: (self._busy_per_device[s.device], s.index))
+        slot = min(self._usable(), key=lambda s: (self._busy_per_device[s.device], s.index))
         self._free.remove(slot)
         self._busy_per_device[slot.device] += 1
         return slot
@@ -78,6 +88,26 @@ class SlotBook:
         self._free.clear()
         self._held.clear()
         self._offered.clear()
+
+    def _usable(self) -> list[Slot]:
+        """The free slots whose device runs fewer jobs than its capacity, as many as it
+        has room for."""
+        if self._capacity is None:
+            return self._free
+        room: dict[str | None, int | None] = {}
+        usable = []
+        for slot in self._free:
+            if slot.device not in room:
+                cap = self._capacity(slot.device)
+                room[slot.device] = (
+                    None if cap is None else cap - self._busy_per_device[slot.device]
+                )
+            left = room[slot.device]
+            if left is None or left > 0:
+                usable.append(slot)
+                if left is not None:
+                    room[slot.device] = left - 1
+        return usable
 
     def _put_back(self, slot: Slot) -> None:
         self._busy_per_device[slot.device] -= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -17,11 +18,14 @@ from furcate_hydra.execution.devices import (
     parse_cuda_visible_devices,
 )
 
-__all__ = ["Slot", "SlotOptions", "SlotPlan", "jobs_on_gpu", "plan_slots"]
+__all__ = ["AUTO", "Slot", "SlotOptions", "SlotPlan", "jobs_on_gpu", "plan_slots"]
 
 log = logging.getLogger(__name__)
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+# jobs_per_gpu=auto: each GPU's count is learned from its jobs' measured memory (gpu_packing)
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -59,15 +63,29 @@ class SlotOptions:
     """
 
     gpus: Sequence[int | str] | str | None
-    jobs_per_gpu: int | None
+    jobs_per_gpu: int | str | None
     gpu_mem_per_job_gb: float | None
     max_jobs_per_gpu: int
     max_workers: int | None
     cpus_per_job: int | None
     allow_cpu: bool
+    gpu_mem_margin_gb: float = 0.5
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    @property
+    def auto(self) -> bool:
+        """Whether each GPU's job count is learned while the sweep runs (``jobs_per_gpu=auto``)."""
+        return self.jobs_per_gpu == AUTO
+
+
+@dataclass(frozen=True)
+class GpuStart:
+    """Where ``jobs_per_gpu=auto`` starts on one GPU: its open slots, its memory budget."""
+
+    jobs: int
+    budget_bytes: int
 
 
 @dataclass(frozen=True)
@@ -78,11 +96,15 @@ class SlotPlan:
         slots: Slots in dispatch order, ``slots[i].index == i``.
         source: "explicit", "CUDA_VISIBLE_DEVICES", "NVML" or "cpu".
         reason: Why the plan is on CPU (empty for GPU plans); used by ``describe``.
+        packing: With ``jobs_per_gpu=auto``: per GPU, how many of its slots are open at the
+            start and the memory its jobs may fill (free at planning, bytes); ``slots`` then
+            holds every slot a GPU may open (``max_jobs_per_gpu``). None: all slots open.
     """
 
     slots: tuple[Slot, ...]
     source: str
     reason: str = ""
+    packing: Mapping[str, GpuStart] | None = None
 
     @property
     def on_cpu(self) -> bool:
@@ -102,9 +124,18 @@ class SlotPlan:
             if len(set(counts.values())) == 1:
                 per_gpu = str(next(iter(counts.values())))
             origin = "hydra.launcher.gpus" if self.source == "explicit" else self.source
+            if self.packing is not None:
+                starts = {start.jobs for start in self.packing.values()}
+                first = "/".join(str(s.jobs) for s in self.packing.values())
+                per_gpu = (
+                    f"jobs_per_gpu=auto: {next(iter(starts)) if len(starts) == 1 else first} "
+                    f"at first, up to {per_gpu} as measured memory allows"
+                )
+            else:
+                per_gpu += " per GPU"
             text = (
                 f"{n} slot{_s(n)} on GPU{_s(len(counts))} {','.join(counts)} "
-                f"({per_gpu} per GPU, from {origin})"
+                f"({per_gpu}, from {origin})"
             )
         pinned = [slot.cpus for slot in self.slots if slot.cpus is not None]
         if pinned:
@@ -186,7 +217,11 @@ def plan_slots(
         slots = tuple(Slot(i, None, blocks[i], threads) for i in range(n))
         return SlotPlan(slots, "cpu", where)
 
-    per_gpu = [_jobs_on(device, options, probe) for device in devices]
+    packing = _auto_start(devices, options, probe) if options.auto else None
+    if packing is not None:
+        per_gpu = [options.max_jobs_per_gpu] * len(devices)
+    else:
+        per_gpu = [_jobs_on(device, options, probe) for device in devices]
     order = [
         device
         for round_ in range(max(per_gpu))
@@ -198,27 +233,29 @@ def plan_slots(
     slots = tuple(
         Slot(i, device, blocks[i], options.cpus_per_job) for i, device in enumerate(order)
     )
-    return SlotPlan(slots, source)
+    return SlotPlan(slots, source, packing=packing)
 
 
 def jobs_on_gpu(options: SlotOptions, memory_gib: Callable[[], float]) -> int:
     """How many jobs share one GPU: ``jobs_per_gpu`` (default 1), or as many as
     ``gpu_mem_per_job_gb`` fits in ``memory_gib()`` (asked only then), capped by
-    ``max_jobs_per_gpu``. The one sizing rule of every backend.
+    ``max_jobs_per_gpu``. The one sizing rule of every backend; with ``jobs_per_gpu=auto``,
+    where a GPU starts.
 
     Raises:
         FurcateConfigError: what ``memory_gib`` raises when the memory cannot be known.
     """
     gb = options.gpu_mem_per_job_gb
     if gb is None:
-        return options.jobs_per_gpu or 1
+        return 1 if options.auto else int(options.jobs_per_gpu or 1)
     return min(max(1, int(memory_gib() // gb)), options.max_jobs_per_gpu)
 
 
 def _validate(options: SlotOptions) -> None:
     """Check every option (the GPUs named too), naming the key, the value and the fix."""
     fixes = {
-        "jobs_per_gpu": "set it to 1 or more, or null for one job per GPU",
+        "jobs_per_gpu": "set it to 1 or more, auto (learn it from measured GPU memory), or "
+        "null for one job per GPU",
         "max_jobs_per_gpu": "set it to 1 or more (default 8)",
         "max_workers": "set it to 1 or more, or null for no cap",
         "cpus_per_job": "set it to 1 or more, or null to leave cores unpinned",
@@ -227,10 +264,11 @@ def _validate(options: SlotOptions) -> None:
         value = getattr(options, name)
         if value is None and name != "max_jobs_per_gpu":
             continue
+        if name == "jobs_per_gpu" and options.auto:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise FurcateConfigError(
-                f"hydra.launcher.{name}", value, "must be a positive integer", fix
-            )
+            problem = "must be a positive integer" + (" or auto" if name == "jobs_per_gpu" else "")
+            raise FurcateConfigError(f"hydra.launcher.{name}", value, problem, fix)
     mem = options.gpu_mem_per_job_gb
     if mem is not None and (
         isinstance(mem, bool) or not isinstance(mem, int | float) or not 0 < mem < math.inf
@@ -241,13 +279,34 @@ def _validate(options: SlotOptions) -> None:
             "must be a positive number of GiB",
             "set it to the GPU memory one job needs, e.g. 4.5, or null to use jobs_per_gpu",
         )
-    if mem is not None and options.jobs_per_gpu is not None:
+    margin = options.gpu_mem_margin_gb
+    if (
+        isinstance(margin, bool)
+        or not isinstance(margin, int | float)
+        or not 0 <= margin < math.inf
+    ):
+        raise FurcateConfigError(
+            "hydra.launcher.gpu_mem_margin_gb",
+            margin,
+            "must be a number of GiB, 0 or more",
+            "set it to the GPU memory to keep free beyond the jobs' measured peaks, e.g. 0.5",
+        )
+    if isinstance(options.jobs_per_gpu, str) and not options.auto:
+        raise FurcateConfigError(
+            "hydra.launcher.jobs_per_gpu",
+            options.jobs_per_gpu,
+            "must be a positive integer or auto",
+            "set it to 1 or more, auto (learn it from measured GPU memory), or null for one "
+            "job per GPU",
+        )
+    if mem is not None and options.jobs_per_gpu is not None and not options.auto:
         raise FurcateConfigError(
             "hydra.launcher.jobs_per_gpu",
             options.jobs_per_gpu,
             f"cannot be combined with hydra.launcher.gpu_mem_per_job_gb={mem!r}",
             "pick one: jobs_per_gpu for a fixed count per GPU, or gpu_mem_per_job_gb to size "
-            "by free memory, and set the other to null",
+            "by free memory, and set the other to null (jobs_per_gpu=auto takes "
+            "gpu_mem_per_job_gb as where each GPU starts)",
         )
     if not isinstance(options.allow_cpu, bool):
         raise FurcateConfigError(
@@ -353,6 +412,33 @@ def _jobs_on(device: str, options: SlotOptions, probe: GpuProbe) -> int:
             ) from exc
 
     return jobs_on_gpu(options, free_gib)
+
+
+def _auto_start(devices: list[str], options: SlotOptions, probe: GpuProbe) -> dict[str, GpuStart]:
+    """Per GPU, the slots ``jobs_per_gpu=auto`` opens first and the memory its jobs may fill:
+    what is free now, before any job of the sweep runs (another user's processes keep theirs).
+
+    Raises:
+        FurcateConfigError: a GPU's free memory cannot be read (no NVML, or an id it lacks).
+    """
+    starts = {}
+    for device in devices:
+        try:
+            free = probe.free_memory_bytes(device)
+        except RuntimeError as exc:
+            raise FurcateConfigError(
+                "hydra.launcher.jobs_per_gpu",
+                AUTO,
+                f"auto learns how many jobs fit from each GPU's memory, and the memory of "
+                f"GPU {device} cannot be read ({exc})",
+                "set hydra.launcher.jobs_per_gpu to a number of jobs per GPU (e.g. 2)",
+            ) from exc
+        starts[device] = GpuStart(jobs_on_gpu(options, functools.partial(_gib, free)), free)
+    return starts
+
+
+def _gib(size_bytes: int) -> float:
+    return size_bytes / 2**30
 
 
 def _core_blocks(cpus: list[int], n: int, per_job: int | None) -> list[tuple[int, ...] | None]:

@@ -11,13 +11,14 @@ from collections.abc import Callable
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import WarmContext
+from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.ray_backend.options import Backend, check_store_reachable
 from furcate_hydra.store import resolve_tracking_uri
 
-__all__ = ["plan_for", "start_executor"]
+__all__ = ["gpu_packing", "plan_for", "start_executor"]
 
 
 def plan_for(options: LauncherOptions) -> SlotPlan:
@@ -38,18 +39,28 @@ def plan_for(options: LauncherOptions) -> SlotPlan:
     return plan_ray_slots(options.slots, options.ray, ray)
 
 
+def gpu_packing(plan: SlotPlan, options: LauncherOptions) -> GpuPacking | None:
+    """What opens each GPU's slots under ``jobs_per_gpu=auto`` (local only); None otherwise."""
+    if plan.packing is None:
+        return None
+    margin = int(options.slots.gpu_mem_margin_gb * GIB)
+    return GpuPacking(plan.packing, options.slots.max_jobs_per_gpu, margin)
+
+
 def start_executor(
     plan: SlotPlan,
     context: bytes,
     options: LauncherOptions,
     output: ConsoleOutput | None,
     warm: Callable[[], WarmContext | None] | None = None,
+    packing: GpuPacking | None = None,
 ) -> Executor:
     """The executor that runs the session's jobs on ``plan`` (made by ``plan_for``). It
     starts nothing until it is asked to (``start``, ``wait_ready``, ``submit``). ``warm``: what
-    a local fork server that is a fork of this process starts jobs from (see ``LocalPool``)."""
+    a local fork server that is a fork of this process starts jobs from (see ``LocalPool``).
+    ``packing``: ``gpu_packing``'s, for the local pool."""
     if options.backend is Backend.LOCAL:
-        return LocalPool(plan, context, options.pool, output, warm)
+        return LocalPool(plan, context, options.pool, output, warm, packing)
     from furcate_hydra.ray_backend.cluster import RaySlotPlan, import_ray
     from furcate_hydra.ray_backend.pool import RayPool
 

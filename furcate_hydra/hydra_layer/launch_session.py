@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent
 from furcate_hydra.execution.job import Job
-from furcate_hydra.hydra_layer.backends import plan_for, start_executor
+from furcate_hydra.hydra_layer.backends import gpu_packing, plan_for, start_executor
 from furcate_hydra.hydra_layer.compose import SweepComposer
 from furcate_hydra.hydra_layer.job_context import (
     HydraJobContext,
@@ -98,7 +98,10 @@ class LaunchSession:
         self._warm = False
         view = self.shown.view
         output = view.write_output if view.owns_output else None
-        self.executor = start_executor(plan, self._context, options, output, self._fork_context)
+        self.packing = gpu_packing(plan, options)  # None unless jobs_per_gpu=auto
+        self.executor = start_executor(
+            plan, self._context, options, output, self._fork_context, self.packing
+        )
         self.executor.add_listener(self.shown.tally.on_event)
         self.executor.add_listener(self._on_event)
         # started with the first job that runs (warm_up): its thread would keep the fork
@@ -172,7 +175,11 @@ class LaunchSession:
             self.executor.start()
             self.ledger.open_store()
             self.executor.wait_ready()
-            self.tracer = start_tracer(self._trace_interval_s, self.ledger.tracking_uri)
+            self.tracer = start_tracer(
+                self._trace_interval_s,
+                self.ledger.tracking_uri,
+                self.packing.sample if self.packing is not None else None,
+            )
         except KeyboardInterrupt:
             log.warning("furcate: interrupted while starting; no job ran")
             raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
@@ -271,6 +278,8 @@ class LaunchSession:
         return len(held)
 
     def _on_event(self, event: JobEvent) -> None:
+        if self.packing is not None and event.kind is not EventKind.PROGRESS:
+            self.shown.show_packing(self.packing)
         if event.kind is EventKind.STARTED:
             job = event.job
             self.ledger.started(job)
@@ -350,9 +359,14 @@ class LaunchSession:
         return context_blob(self.task_function, self.hydra_context)
 
 
-def start_tracer(interval_s: float, tracking_uri: str | None) -> ResourceTracer | None:
+def start_tracer(
+    interval_s: float,
+    tracking_uri: str | None,
+    gpu_memory: Callable[[str, float], None] | None = None,
+) -> ResourceTracer | None:
     """The resource trace of the session's jobs, into their runs when recording; None when
-    ``hydra.launcher.trace_interval_s`` is 0."""
+    ``hydra.launcher.trace_interval_s`` is 0. ``gpu_memory``: told each job's GPU samples."""
     if interval_s <= 0:
         return None
-    return ResourceTracer(interval_s, TraceLog(tracking_uri) if tracking_uri else None)
+    sink = TraceLog(tracking_uri) if tracking_uri else None
+    return ResourceTracer(interval_s, sink, gpu_memory=gpu_memory)

@@ -16,6 +16,7 @@ from omegaconf import ListConfig
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.job_pool import PoolOptions
+from furcate_hydra.execution.slots import AUTO as AUTO_JOBS
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
 from furcate_hydra.lightning_auto import AUTO, MODES, server_imports
@@ -153,7 +154,7 @@ class LauncherOptions:
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
         """Raises OptionError naming the key, the value and the fix."""
         try:
-            return cls(
+            parsed = cls(
                 _slot_options(options),
                 _pool_options(options),
                 StoreOptions.parse(options),
@@ -164,8 +165,34 @@ class LauncherOptions:
                 Backend.parse(options["backend"]),
                 RayOptions.parse(plain(options["ray"])),
             )
+            _check_auto_jobs(parsed)
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
+        return parsed
+
+
+def _check_auto_jobs(options: LauncherOptions) -> None:
+    """``jobs_per_gpu=auto`` learns from the local resource trace: refuse what has none."""
+    if not options.slots.auto:
+        return
+    if options.backend is not Backend.LOCAL:
+        raise FurcateConfigError(
+            "hydra.launcher.jobs_per_gpu",
+            AUTO_JOBS,
+            f"auto needs backend=local (it reads each job's GPU memory on this machine), not "
+            f"backend={options.backend.value}",
+            "set hydra.launcher.jobs_per_gpu to a number of jobs per GPU, or "
+            "gpu_mem_per_job_gb with ray.gpu_memory_gb",
+        )
+    if options.trace_interval_s == 0:
+        raise FurcateConfigError(
+            "hydra.launcher.trace_interval_s",
+            0,
+            "jobs_per_gpu=auto learns each job's GPU memory from the resource trace, which 0 "
+            "turns off",
+            "set hydra.launcher.trace_interval_s to a number of seconds (e.g. 10), or "
+            "jobs_per_gpu to a number",
+        )
 
 
 def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
@@ -180,6 +207,7 @@ def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
         max_workers=options["max_workers"],
         cpus_per_job=options["cpus_per_job"],
         allow_cpu=options["allow_cpu"],
+        gpu_mem_margin_gb=options["gpu_mem_margin_gb"],
     )
 
 
@@ -219,7 +247,9 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         preload=preload,
         echo_output=bool(options["echo_output"]),
         stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),
-        fork_ahead=not _flag(options, "fail_fast"),
+        # a job forked ahead takes a slot the moment one ends, before jobs_per_gpu=auto can
+        # close it after an out-of-memory
+        fork_ahead=not _flag(options, "fail_fast") and options["jobs_per_gpu"] != AUTO_JOBS,
         job_imports=server_imports(options["lightning"], preload),
     )
 

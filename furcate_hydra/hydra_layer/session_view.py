@@ -14,11 +14,13 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus
 
 from furcate_hydra.atomic import atomic_write_bytes
+from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job
 from furcate_hydra.hydra_layer.job_returns import error_text, how_it_ended
 from furcate_hydra.hydra_layer.launch import task_overrides
 from furcate_hydra.hydra_layer.launcher_options import ProgressOptions
-from furcate_hydra.layout import JobPaths
+from furcate_hydra.layout import JobPaths, SweepPaths
+from furcate_hydra.monitor.packing_file import write_packing
 from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
@@ -105,6 +107,16 @@ class SessionView:
         self.summary.pruned_job(
             Unfinished(row.job_num, label, "pruned", pruned_reason(epoch), logs)
         )
+
+    def show_packing(self, packing: GpuPacking) -> None:
+        """``jobs_per_gpu=auto``: what it learned so far, in gpu_packing.json (``furcate
+        status``) and in the summary."""
+        self.summary.gpu_lines = packing.lines()
+        path = self._summary_file.with_name(SweepPaths.GPU_PACKING)
+        try:
+            write_packing(path, packing.snapshot(), self.summary.gpu_lines)
+        except OSError as exc:
+            log.warning("furcate: could not write %s: %s", path, exc)
 
     def write_summary(self, console: bool = True) -> None:
         """The summary: on the console, and as summary.md in the sweep dir."""

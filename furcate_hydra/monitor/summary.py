@@ -55,6 +55,8 @@ class SweepSummary:
         # the highest peak of the resource traces, and its job: resident memory, GPU memory
         self._rss_peak: tuple[float, int] | None = None
         self._gpu_peak: tuple[float, int] | None = None
+        # jobs_per_gpu=auto: per GPU, jobs at a time and the peak per job learned
+        self.gpu_lines: list[str] = []
 
     def finished(self, num: int, value: object, skipped: bool = False) -> None:
         self.counts["skipped" if skipped else "finished"] += 1
@@ -139,6 +141,7 @@ class SweepSummary:
         for line in (self.values_line(best), self.peaks_line(), self.preemptions_line()):
             if line:
                 lines.append(f"  {line}")
+        lines += [f"  {line}" for line in self.gpu_lines]
         for row in self.unfinished:
             lines.append(f"  #{row.num} {row.outcome}: {row.reason}")
             lines.append(f"      {row.label or '(no overrides)'} | logs: {row.logs}")
@@ -152,6 +155,9 @@ class SweepSummary:
         for line in (self.values_line(best), self.peaks_line(), self.preemptions_line()):
             if line:
                 lines += ["", line]
+        if self.gpu_lines:
+            lines += ["", "## GPU packing (jobs_per_gpu=auto)", ""]
+            lines += [f"- {line}" for line in self.gpu_lines]
         if self.unfinished:
             lines += ["", "## Jobs that did not finish", ""]
             lines += ["| job | outcome | reason | overrides | logs |", "|---|---|---|---|---|"]

@@ -145,7 +145,9 @@ def plan_ray_slots(options: SlotOptions, ray_options: RayOptions, ray: Any) -> R
             "lower cpus_per_job (or leave it unset), or add nodes to the cluster",
         )
     slots = tuple(Slot(i, None, None, options.cpus_per_job) for i in range(count))
-    return RaySlotPlan(slots, "ray", "", share, cpus_each, where, nodes)
+    return RaySlotPlan(
+        slots, "ray", "", gpus_per_slot=share, cpus_per_slot=cpus_each, address=where, nodes=nodes
+    )
 
 
 def _gpu_share(options: SlotOptions, ray_options: RayOptions) -> float:

@@ -80,6 +80,8 @@ class SlotActor:
         if not gpus:
             # a CPU slot must not be able to grab a GPU of its node
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        # Ray numbers a node's GPUs as NVML does (PCI bus order); CUDA, unless told, by speed
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         self.index = index
         self._lock = threading.Lock()
         self._kill_requested: dict[str, int] = {}

@@ -51,12 +51,18 @@ class FurcateLauncherConf:
     ray: RayConf = field(default_factory=RayConf)
     # GPU ids (CUDA_VISIBLE_DEVICES values) to use; unset: CUDA_VISIBLE_DEVICES, else NVML
     gpus: Optional[Any] = None
-    # jobs sharing one GPU at a time (default 1); exclusive with gpu_mem_per_job_gb
-    jobs_per_gpu: Optional[int] = None
+    # jobs sharing one GPU at a time (default 1), or auto: start at 1 (or at
+    # gpu_mem_per_job_gb's count) and open more while the jobs' measured peak GPU memory
+    # fits, backing off when a job runs out of it; a number is exclusive with
+    # gpu_mem_per_job_gb (typed Any so that `auto` and a bad value get furcate's message)
+    jobs_per_gpu: Optional[Any] = None
     # size slots by memory: jobs per GPU = free GPU memory / this, at least 1
     gpu_mem_per_job_gb: Optional[float] = None
-    # upper bound for jobs per GPU when sizing by memory
+    # upper bound for jobs per GPU when sizing by memory or with jobs_per_gpu=auto
     max_jobs_per_gpu: int = 8
+    # with jobs_per_gpu=auto, GiB of each GPU kept free beyond its jobs' measured peaks: a new
+    # job's CUDA context and its allocator's growth before they show in a sample
+    gpu_mem_margin_gb: Any = 0.5
     # cap on the total number of slots (furcate's max_threads)
     max_workers: Optional[int] = None
     # cores pinned to each slot; torch/OpenMP threads follow
