@@ -11,7 +11,9 @@ from furcate_hydra.execution.slots import GpuStart, Slot
 MIB_PER_GIB = 1024
 
 
-def packing(budget_gib: float = 10, start: int = 1, ceiling: int = 8, margin: float = 0.5):
+def packing(
+    budget_gib: float = 10, start: int = 1, ceiling: int = 8, margin: float = 0.5
+) -> GpuPacking:
     return GpuPacking({"0": GpuStart(start, int(budget_gib * GIB))}, ceiling, int(margin * GIB))
 
 
@@ -112,8 +114,8 @@ def test_a_cpu_slot_or_unknown_gpu_is_not_packed() -> None:
 @pytest.mark.parametrize("capacity", [1, 2])
 def test_the_slot_book_hands_out_only_open_slots(capacity: int) -> None:
     slots = [Slot(i, "0", None, None) for i in range(4)] + [Slot(4, "1", None, None)]
-    caps = {"0": capacity, "1": 1}
-    book = SlotBook(slots, caps.get)
+    caps: dict[str | None, int] = {"0": capacity, "1": 1}
+    book = SlotBook(slots, lambda device: caps.get(device))
     assert book.free == capacity + 1
     taken = [book.take_free() for _ in range(capacity + 1)]
     assert sorted(s.device or "" for s in taken) == sorted(["0"] * capacity + ["1"])

@@ -23,6 +23,16 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
     ({"gpus": "zero"}, {}, "hydra.launcher.gpus", "'zero'"),
     ({"gpus": [0, 1.5]}, {}, "hydra.launcher.gpus", "1.5"),
     ({"jobs_per_gpu": 0}, {}, "hydra.launcher.jobs_per_gpu", "0"),
+    ({"jobs_per_gpu": "many"}, {}, "hydra.launcher.jobs_per_gpu", "'many'"),
+    ({"jobs_per_gpu": "auto", "backend": "ray"}, {}, "hydra.launcher.jobs_per_gpu", "'auto'"),
+    (
+        {"jobs_per_gpu": "auto", "trace_interval_s": 0},
+        {},
+        "hydra.launcher.trace_interval_s",
+        "0",
+    ),
+    ({"gpu_mem_margin_gb": -1}, {}, "hydra.launcher.gpu_mem_margin_gb", "-1"),
+    ({"gpu_mem_margin_gb": "some"}, {}, "hydra.launcher.gpu_mem_margin_gb", "'some'"),
     ({"max_workers": -2}, {}, "hydra.launcher.max_workers", "-2"),
     ({"cpus_per_job": 0}, {}, "hydra.launcher.cpus_per_job", "0"),
     ({"gpu_mem_per_job_gb": -1}, {}, "hydra.launcher.gpu_mem_per_job_gb", "-1"),
@@ -146,7 +156,7 @@ def test_malformed_cuda_visible_devices_is_named(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.usefixtures("mlflow_store")
-def test_mistyped_count_is_rejected_by_the_schema(tmp_path: Path) -> None:
+def test_mistyped_count_is_refused_through_the_cli(tmp_path: Path) -> None:
     result = run_probe_sweep(tmp_path, "+i=0,1", "hydra.launcher.jobs_per_gpu=two")
     assert result.returncode != 0
     assert "jobs_per_gpu" in result.stderr and "two" in result.stderr

@@ -1,5 +1,5 @@
-"""``furcate status [SWEEP_DIR] [--json]``: each job's state, why the failed ones failed, and
-the peak memory of those the launcher traced.
+"""``furcate status [SWEEP_DIR] [--json]``: each job's state, why the failed ones failed, the
+peak memory of those the launcher traced, and, with ``jobs_per_gpu=auto``, what each GPU runs.
 
 sweep dir ──► SweepReader ──► SweepSnapshot ──► a table for people, or one JSON object:
     {"sweep": {...}, "counts": {"FINISHED": 3, ...}, "jobs": [{"job_num": 0, ...}, ...]}
@@ -20,17 +20,22 @@ from furcate_hydra.cli._values import (
     format_value,
     snapshot_json,
 )
+from furcate_hydra.layout import SweepPaths
+from furcate_hydra.monitor.packing_file import read_packing_lines
 from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepJobStatus, SweepSnapshot
 
 __all__ = ["print_status"]
 
 
 def print_status(snapshot: SweepSnapshot, out: TextIO, as_json: bool = False) -> None:
+    packing = read_packing_lines(SweepPaths.of(snapshot.sweep_dir).gpu_packing)
     if as_json:
-        json.dump(snapshot_json(snapshot), out, indent=2)
+        json.dump({**snapshot_json(snapshot), "gpu_packing": packing}, out, indent=2)
         out.write("\n")
         return
     out.write(_heading(snapshot))
+    if packing:
+        out.write("".join(f"{line}\n" for line in packing) + "\n")
     counts = [f"{status.value} {n}" for status, n in snapshot.counts().items() if n]
     out.write(("  ".join(counts) or "no jobs yet") + "\n\n")
     if snapshot.jobs:

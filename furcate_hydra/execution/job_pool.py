@@ -346,10 +346,11 @@ class JobPool:
         and whether to queue it again (else it fails)."""
         if self.packing is None or job.slot is None or job.slot.device is None:
             return None
-        if report is not None and report.error is None and report.exit_code is None:
+        error = None if report is None else report.error or report.failure
+        if report is not None and error is None and report.exit_code is None:
             return None  # it completed
         since = self._stderr_from.get(job.key, 0)
-        line = cuda_out_of_memory(report.error if report else None, job.paths.stderr, since)
+        line = cuda_out_of_memory(error, job.paths.stderr, since)
         if line is None:
             return None
         verdict = self.packing.out_of_memory(job.key)

@@ -55,6 +55,12 @@ class JobOutcome:
     job_return: JobReturn
     traceback: str | None = None
 
+    @property
+    def failure(self) -> str | None:
+        """The task's traceback when it failed (the executor reads it, e.g. for a CUDA
+        out-of-memory)."""
+        return self.traceback
+
 
 class HydraJobContext:
     """Task function, Hydra context and singleton state: shipped once, kept warm in the server."""

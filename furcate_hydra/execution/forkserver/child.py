@@ -110,7 +110,8 @@ def _take_place(placement: Placement) -> None:
 
 def _run_job(context: WarmContext, payload: bytes, gate: Callable[[], None]) -> ChildReport:
     try:
-        return ChildReport(value=context.run(payload, gate))
+        value = context.run(payload, gate)
+        return ChildReport(value=value, failure=getattr(value, "failure", None))
     except JobPreempted as exc:
         return ChildReport(preempted=str(exc), exit_code=PREEMPTED_EXIT_CODE)
     except SystemExit as exc:

@@ -166,10 +166,13 @@ class ChildReport:
 
     ``error`` holds a formatted traceback when ``run`` raised or its value could not be pickled;
     ``exit_code`` is set when the job called ``sys.exit``; ``preempted`` says what stopped a
-    job that raised ``JobPreempted`` (it saved a checkpoint to resume from).
+    job that raised ``JobPreempted`` (it saved a checkpoint to resume from); ``failure`` is
+    the task's traceback where ``run`` returned a value that stands for its failure (the Hydra
+    layer's outcome of a task that raised says so in its own ``failure``).
     """
 
     value: Any = None
     error: str | None = None
     exit_code: int | None = None
     preempted: str | None = None
+    failure: str | None = None

@@ -1,0 +1,152 @@
+"""jobs_per_gpu=auto end to end: the real CLI, real job processes, GPUs faked through NVML.
+
+NVML's answers come from ``tests/fakes/nvml`` (put first on the launcher's import path); the
+jobs (``apps/fake_gpu_app.py``) hold memory there and run out of it as CUDA jobs would, with
+torch's own ``OutOfMemoryError``. The slot logic, the trace, the pool and the launcher are the
+real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import APPS, run_cli
+
+FAKE_NVML = Path(__file__).parent / "fakes" / "nvml"
+
+
+def fake_gpus(tmp_path: Path, *total_gib: float) -> dict[str, str]:
+    """GPUs of these sizes, faked; the environment that makes the launcher see them."""
+    state = tmp_path / "nvml"
+    state.mkdir()
+    gpus = [
+        {"uuid": f"GPU-{i:08d}-fake-0000-0000-000000000000", "total_mib": gib * 1024}
+        for i, gib in enumerate(total_gib)
+    ]
+    (state / "gpus.json").write_text(json.dumps(gpus))
+    path = os.pathsep.join([str(FAKE_NVML), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "FURCATE_FAKE_NVML": str(state)}
+
+
+def sweep(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[int, str]:
+    """The sweep's exit code and what it printed (stdout and stderr)."""
+    done = run_cli(
+        APPS / "fake_gpu_app.py",
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        f"hydra.launcher.mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        "hydra.launcher.jobs_per_gpu=auto",
+        "hydra.launcher.trace_interval_s=0.1",
+        "hydra.launcher.progress=plain",
+        *overrides,
+        cwd=tmp_path,
+        env=env,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def most_at_once(tmp_path: Path, gpu: str = "0") -> int:
+    """The most jobs that held GPU ``gpu`` at the same time, from the jobs' own log."""
+    events = []
+    for line in (tmp_path / "nvml" / "events.log").read_text().splitlines():
+        what, at, device, _ = line.split()
+        if device == gpu:
+            events.append((float(at), 0 if what == "end" else 1))
+    running = most = 0
+    for _, starts in sorted(events):
+        running += 1 if starts else -1
+        most = max(most, running)
+    return most
+
+
+def packing(tmp_path: Path) -> dict[str, dict[str, float]]:
+    gpus: dict[str, dict[str, float]] = json.loads(
+        (tmp_path / "sweep" / "gpu_packing.json").read_text()
+    )["gpus"]
+    return gpus
+
+
+def test_a_gpu_opens_slots_as_the_measured_peaks_allow(tmp_path: Path) -> None:
+    env = fake_gpus(tmp_path, 10)
+    code, out = sweep(tmp_path, env, "x=range(0,9)", "steps=[[2.0,2.0]]", "hydra.launcher.gpus=[0]")
+    assert code == 0, out
+    # 2 GiB a job, 0.5 GiB margin, 10 GiB: four at a time (4 x 2 + 2 + 0.5 > 10)
+    assert "1 at first, up to 8 as measured memory allows" in out
+    assert packing(tmp_path)["0"]["jobs_at_a_time"] == 4
+    assert packing(tmp_path)["0"]["peak_gib_per_job"] == pytest.approx(2.0)
+    assert most_at_once(tmp_path) == 4
+    line = "GPU 0: 4 at a time, peak 2.0 GiB per job"
+    assert line in out  # the summary on the console
+    assert line in (tmp_path / "sweep" / "summary.md").read_text()
+    status = subprocess.run(
+        [sys.executable, "-m", "furcate_hydra.cli", "status", str(tmp_path / "sweep")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=True,
+    )
+    assert line in status.stdout
+
+
+def test_out_of_memory_beside_others_backs_off_and_every_job_finishes(tmp_path: Path) -> None:
+    env = fake_gpus(tmp_path, 10)
+    # each job settles at 1 GiB (eight fit), then needs 3 GiB (three fit): the others run
+    # out of memory, are queued again, and the GPU closes slots until what runs fits
+    code, out = sweep(
+        tmp_path, env, "x=range(0,8)", "steps=[[1.0,1.0],[3.0,1.0]]", "hydra.launcher.gpus=[0]"
+    )
+    assert code == 0, out
+    assert "ran out of GPU memory on GPU 0 beside" in out
+    learned = packing(tmp_path)["0"]
+    assert learned["oom_backoffs"] >= 1
+    assert learned["max_reached"] > 3 >= learned["jobs_at_a_time"]
+    assert "8 finished" in out  # none failed, none retried as a crash
+
+
+def test_out_of_memory_in_a_dataloader_worker_is_backed_off_too(tmp_path: Path) -> None:
+    env = fake_gpus(tmp_path, 4)
+    # gpu_mem_per_job_gb=2 starts the 4 GiB GPU at two; both then need 3 GiB: the second
+    # runs out in its DataLoader worker, waits, and runs alone
+    code, out = sweep(
+        tmp_path,
+        env,
+        "x=range(0,2)",
+        "steps=[[1.0,0.6],[3.0,0.6]]",
+        "oom_in=worker",
+        "hydra.launcher.gpu_mem_per_job_gb=2",
+        "hydra.launcher.gpus=[0]",
+    )
+    assert code == 0, out
+    assert "2 at first" in out
+    assert "DataLoader worker" in out  # the reason names where it ran out
+    learned = packing(tmp_path)["0"]
+    # (it opened a third slot while both held 1 GiB: 1 + 1 + 1 + 0.5 fits in 4)
+    assert learned["max_reached"] >= 2 and learned["oom_backoffs"] == 1
+    assert learned["jobs_at_a_time"] == 1
+    assert learned["peak_gib_per_job"] == pytest.approx(3.0)
+
+
+def test_a_job_out_of_memory_alone_on_its_gpu_fails_with_that_reason(tmp_path: Path) -> None:
+    env = fake_gpus(tmp_path, 4, 4)
+    code, out = sweep(tmp_path, env, "x=0,1", "steps=[[5.0,0.2]]", "hydra.launcher.gpus=[0,1]")
+    assert code != 0, out
+    assert "ran out of GPU memory alone on GPU" in out
+    assert "does not fit on this GPU" in (tmp_path / "sweep" / "summary.md").read_text()
+    assert "2 failed" in out
+
+
+def test_auto_without_nvml_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "FURCATE_FAKE_NVML": ""}  # no fake: the real NVML finds no driver
+    code, out = sweep(tmp_path, env, "x=0", "hydra.launcher.gpus=[0]")
+    assert code != 0, out
+    assert "hydra.launcher.jobs_per_gpu" in out
+    assert "memory of GPU 0 cannot be read" in out
+    assert "set hydra.launcher.jobs_per_gpu to a number" in out
+    assert not (tmp_path / "sweep" / "0").exists()  # no job ran
