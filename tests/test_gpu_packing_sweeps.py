@@ -55,7 +55,7 @@ def most_at_once(tmp_path: Path, gpu: str = "0") -> int:
     """The most jobs that held GPU ``gpu`` at the same time, from the jobs' own log."""
     events = []
     for line in (tmp_path / "nvml" / "events.log").read_text().splitlines():
-        what, at, device, _ = line.split()
+        what, at, device, _, _ = line.split()
         if device == gpu:
             events.append((float(at), 0 if what == "end" else 1))
     running = most = 0
@@ -150,3 +150,17 @@ def test_auto_without_nvml_is_refused_before_anything_runs(tmp_path: Path) -> No
     assert "memory of GPU 0 cannot be read" in out
     assert "set hydra.launcher.jobs_per_gpu to a number" in out
     assert not (tmp_path / "sweep" / "0").exists()  # no job ran
+
+
+def test_gpus_1_is_the_same_card_for_nvml_the_trace_and_the_job(tmp_path: Path) -> None:
+    env = fake_gpus(tmp_path, 8, 16)
+    env["CUDA_DEVICE_ORDER"] = "FASTEST_FIRST"  # the user's; CUDA would number by speed
+    code, out = sweep(tmp_path, env, "x=0", "steps=[[3.0,1.0]]", "hydra.launcher.gpus=[1]")
+    assert code == 0, out
+    events = (tmp_path / "nvml" / "events.log").read_text().split()
+    assert events[2] == "1" and events[4] == "PCI_BUS_ID"  # the job's GPU, its order
+    assert list(packing(tmp_path)) == ["1"]
+    assert packing(tmp_path)["1"]["budget_gib"] == pytest.approx(16.0)  # NVML's card 1
+    trace = (tmp_path / "sweep" / "0" / "trace.csv").read_text().splitlines()
+    column = trace[0].split(",").index("gpu_mem_mb")
+    assert max(float(row.split(",")[column] or 0) for row in trace[1:]) == pytest.approx(3072)
