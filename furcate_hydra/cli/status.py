@@ -3,6 +3,7 @@ peak memory of those the launcher traced, and, with ``jobs_per_gpu=auto``, what 
 
 sweep dir ──► SweepReader ──► SweepSnapshot ──► a table for people, or one JSON object:
     {"sweep": {...}, "counts": {"FINISHED": 3, ...}, "jobs": [{"job_num": 0, ...}, ...]}
+    (with "gpu_packing": ["GPU 0: 5 at a time, ..."] where jobs_per_gpu=auto ran)
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ __all__ = ["print_status"]
 def print_status(snapshot: SweepSnapshot, out: TextIO, as_json: bool = False) -> None:
     packing = read_packing_lines(SweepPaths.of(snapshot.sweep_dir).gpu_packing)
     if as_json:
-        json.dump({**snapshot_json(snapshot), "gpu_packing": packing}, out, indent=2)
+        extra = {"gpu_packing": packing} if packing else {}
+        json.dump({**snapshot_json(snapshot), **extra}, out, indent=2)
         out.write("\n")
         return
     out.write(_heading(snapshot))

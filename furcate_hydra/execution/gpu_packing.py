@@ -87,6 +87,11 @@ class GpuPacking:
         with self._lock:
             return gpu.open
 
+    def open_slots(self) -> int:
+        """Jobs that run at once now, over every GPU."""
+        with self._lock:
+            return sum(gpu.open for gpu in self._gpus.values())
+
     def started(self, key: str, device: str) -> None:
         """A job's process runs on ``device``."""
         with self._lock:

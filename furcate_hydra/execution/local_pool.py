@@ -122,7 +122,6 @@ class LocalTransport(Transport):
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
         self._server: ForkServerClient | None = None
         self._packing = packing
-        self._packed_devices = {slot.device for slot in plan.slots if slot.device is not None}
         self._slots = SlotBook(plan.slots, packing.capacity if packing is not None else None)
         self._jobs: dict[str, Job] = {}  # placed: on a slot, or ahead of one
         self._ahead: dict[str, Job] = {}  # forked ahead, waiting at their gates for a slot
@@ -133,7 +132,7 @@ class LocalTransport(Transport):
         jobs' memory allows."""
         if self._packing is None:
             return len(self.plan.slots)
-        return sum(self._packing.capacity(device) or 0 for device in self._packed_devices)
+        return self._packing.open_slots()
 
     @property
     def idle_slots(self) -> int:

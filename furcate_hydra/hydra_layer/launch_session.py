@@ -94,11 +94,12 @@ class LaunchSession:
             raise as_option_error(exc) from None
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
-        self.shown = SessionView(options.progress, len(plan.slots), self.ledger.sweep.summary)
+        self.packing = gpu_packing(plan, options)  # None unless jobs_per_gpu=auto
+        slots = len(plan.slots) if self.packing is None else self.packing.open_slots()
+        self.shown = SessionView(options.progress, slots, self.ledger.sweep.summary)
         self._warm = False
         view = self.shown.view
         output = view.write_output if view.owns_output else None
-        self.packing = gpu_packing(plan, options)  # None unless jobs_per_gpu=auto
         self.executor = start_executor(
             plan, self._context, options, output, self._fork_context, self.packing
         )

@@ -112,6 +112,7 @@ class SessionView:
         """``jobs_per_gpu=auto``: what it learned so far, in gpu_packing.json (``furcate
         status``) and in the summary."""
         self.summary.gpu_lines = packing.lines()
+        self.tally.slots_open(packing.open_slots())
         path = self._summary_file.with_name(SweepPaths.GPU_PACKING)
         try:
             write_packing(path, packing.snapshot(), self.summary.gpu_lines)

@@ -66,7 +66,7 @@ class SweepTally:
 
     def __init__(self, slots: int) -> None:
         self._lock = threading.Lock()
-        self._slots = slots
+        self._slots = slots  # jobs that run at once; ``slots_open`` when they change
         self._started_at = time.time()
         self._done = self._failed = self._skipped = self._pruned = self._retrying = 0
         self._waiting = 0  # submitted to the executor, not started yet
@@ -147,6 +147,11 @@ class SweepTally:
                 self._failed += 1
 
     # -- reading ------------------------------------------------------------------------
+
+    def slots_open(self, slots: int) -> None:
+        """Jobs run this many at a time now (``jobs_per_gpu=auto`` opened or closed slots)."""
+        with self._lock:
+            self._slots = slots
 
     def snapshot(self) -> SweepSnapshot:
         with self._lock:
