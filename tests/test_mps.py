@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
@@ -47,6 +48,27 @@ def short_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="fm-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(short_dir: Path, tmp_path: Path) -> Iterator[None]:
+    """After each test, no fake daemon nor watchdog of this test still runs (any found is
+    killed, and the test fails)."""
+    yield
+    left = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if BINARY not in command and mps_watch.__name__ not in command:
+            continue
+        try:
+            environ = process.environ()
+        except psutil.Error:
+            continue
+        dirs = (environ.get(f"CUDA_MPS_{kind}_DIRECTORY", "") for kind in ("PIPE", "LOG"))
+        if any(d.startswith((str(short_dir), str(tmp_path))) for d in dirs):
+            left.append(command)
+            process.kill()
+    assert left == []
 
 
 @pytest.fixture(autouse=True)
