@@ -12,6 +12,9 @@
       optuna.db                     the study of an Optuna sweep with ``storage: null``
                                     (``optuna-2.db``, ... where the dir is reused)
       report/                       ``furcate report``: report.html and its figures as PNGs
+      .mps/pipe/  .mps/log/         the MPS control daemon furcate started (hydra.launcher.mps):
+                                    its sockets (unless that path is too long for a socket:
+                                    then a short temporary dir) and its logs
       <job subdir>/                 JobPaths: Hydra's job dir (``.hydra/`` is Hydra's own)
         stdout.log  stderr.log      what the job's process printed
         run_data.json               what the launcher recorded of the job: written RUNNING
@@ -150,6 +153,7 @@ class SweepPaths:
     STUDY_DB = "optuna.db"
     REPORT_DIR = "report"
     REPORT_HTML = "report.html"
+    MPS_DIR = ".mps"
 
     @classmethod
     def of(cls, sweep_dir: Path | str) -> SweepPaths:
@@ -186,6 +190,14 @@ class SweepPaths:
     @property
     def report_html(self) -> Path:
         return self.report_dir / self.REPORT_HTML
+
+    @property
+    def mps_pipe_dir(self) -> Path:
+        return self.sweep_dir / self.MPS_DIR / "pipe"
+
+    @property
+    def mps_log_dir(self) -> Path:
+        return self.sweep_dir / self.MPS_DIR / "log"
 
     def new_study_db(self) -> Path:
         """A sqlite file no earlier sweep wrote, for a study of this sweep only (``storage:
