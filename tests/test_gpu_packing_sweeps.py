@@ -55,7 +55,7 @@ def most_at_once(tmp_path: Path, gpu: str = "0") -> int:
     """The most jobs that held GPU ``gpu`` at the same time, from the jobs' own log."""
     events = []
     for line in (tmp_path / "nvml" / "events.log").read_text().splitlines():
-        what, at, device, _, _ = line.split()
+        what, at, device, *_ = line.split()
         if device == gpu:
             events.append((float(at), 0 if what == "end" else 1))
     running = most = 0
@@ -159,6 +159,7 @@ def test_gpus_1_is_the_same_card_for_nvml_the_trace_and_the_job(tmp_path: Path) 
     assert code == 0, out
     events = (tmp_path / "nvml" / "events.log").read_text().split()
     assert events[2] == "1" and events[4] == "PCI_BUS_ID"  # the job's GPU, its order
+    assert events[5] == "none"  # one job at a time: no MPS daemon
     assert list(packing(tmp_path)) == ["1"]
     assert packing(tmp_path)["1"]["budget_gib"] == pytest.approx(16.0)  # NVML's card 1
     trace = (tmp_path / "sweep" / "0" / "trace.csv").read_text().splitlines()

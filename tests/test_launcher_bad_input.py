@@ -32,6 +32,8 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
         "0",
     ),
     ({"gpu_mem_margin_gb": -1}, {}, "hydra.launcher.gpu_mem_margin_gb", "-1"),
+    ({"mps": "sometimes"}, {}, "hydra.launcher.mps", "'sometimes'"),
+    ({"mps": "on", "backend": "ray"}, {}, "hydra.launcher.mps", "'on'"),
     ({"gpu_mem_margin_gb": "some"}, {}, "hydra.launcher.gpu_mem_margin_gb", "'some'"),
     ({"max_workers": -2}, {}, "hydra.launcher.max_workers", "-2"),
     ({"cpus_per_job": 0}, {}, "hydra.launcher.cpus_per_job", "0"),

@@ -77,6 +77,8 @@ class PoolOptions:
     # modules every job imports before its task (furcate's own job side), which the fork
     # server imports once besides ``preload``, so that no job pays for them
     job_imports: tuple[str, ...] = ()
+    # NVIDIA's MPS daemon for GPUs that run several jobs at once: auto, on or off (``mps``)
+    mps: str = "off"
 
 
 class JobPool:

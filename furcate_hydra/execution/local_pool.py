@@ -44,6 +44,7 @@ from furcate_hydra.execution.forkserver.protocol import Started as ServerStarted
 from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool, PoolOptions
+from furcate_hydra.execution.mps import MpsDaemon, start_mps
 from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slots import Slot, SlotPlan
 from furcate_hydra.execution.transport import (
@@ -74,15 +75,17 @@ class LocalPool(JobPool):
         output: ConsoleOutput | None = None,
         warm: Callable[[], WarmContext | None] | None = None,
         packing: GpuPacking | None = None,
+        sweep_dir: Path | None = None,
     ) -> None:
         """``context``: what every job starts from, pickled. ``warm``: asked when the server
         starts, for what a fork of this process starts jobs from, as it is at the fork (so it
         must not hold state a later ``set_context`` changes); None, or it answers None: start
         a new interpreter. ``output``: where job output echoed to the console goes (default:
         the launcher's stdout and stderr). ``packing``: with ``jobs_per_gpu=auto``, how many of
-        each GPU's slots are open."""
+        each GPU's slots are open. ``sweep_dir``: where an MPS daemon's pipe and logs go
+        (``options.mps``); None: the runtime dir."""
         self.plan = plan
-        self._local = LocalTransport(plan, context, options, output, warm, packing)
+        self._local = LocalTransport(plan, context, options, output, warm, packing, sweep_dir)
         super().__init__(self._local, options, packing)
 
     @property
@@ -113,6 +116,7 @@ class LocalTransport(Transport):
         output: ConsoleOutput | None,
         warm: Callable[[], WarmContext | None] | None,
         packing: GpuPacking | None = None,
+        sweep_dir: Path | None = None,
     ) -> None:
         self.plan = plan
         self.options = options
@@ -120,6 +124,8 @@ class LocalTransport(Transport):
         self._warm = warm
         self._output = output
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
+        self._sweep_dir = sweep_dir or self._runtime_dir
+        self._mps: MpsDaemon | None = None
         self._server: ForkServerClient | None = None
         self._packing = packing
         self._slots = SlotBook(plan.slots, packing.capacity if packing is not None else None)
@@ -177,7 +183,7 @@ class LocalTransport(Transport):
             key=job.key,
             payload=job.payload,
             env=job.env,
-            placement=None if slot is None else _placement(slot),
+            placement=None if slot is None else self._placement(slot),
             stdout_path=str(job.paths.stdout),
             stderr_path=str(job.paths.stderr),
             result_path=str(self._result_path(job)),
@@ -219,12 +225,16 @@ class LocalTransport(Transport):
             self._server.terminate(wait_s=0.0)
         elif self._server is not None:
             self._server.shutdown(self.options.stop_grace_s)
+        if self._mps is not None:
+            self._report_mps_faults()
+            self._mps.stop()  # after its jobs: none of them is left to lose its server
         shutil.rmtree(self._runtime_dir, ignore_errors=True)
 
     # -- the fork server -----------------------------------------------------------------
 
     def started_server(self) -> ForkServerClient:
         if self._server is None:
+            self._start_mps()  # before any job can make a CUDA context
             preload, output = self.options.preload, self._output
             warm = self._warm() if self._warm is not None else None
             self._server = start_server(
@@ -268,6 +278,7 @@ class LocalTransport(Transport):
             self._end(event.key)
             return [Ended(event.key, start_error=event.error)]
         elif isinstance(event, Exited) and (job := self._end(event.key)) is not None:
+            self._report_mps_faults()
             report = self._read_report(job)
             return [Ended(job.key, report, event.wait_status, event.ended_at)]
         return []
@@ -285,8 +296,36 @@ class LocalTransport(Transport):
     def _offer(self) -> None:
         """Free slots go to the jobs forked ahead first (the server picks the oldest)."""
         while self._slots.free and len(self._ahead) > self._slots.offered:
-            placement = _placement(self._slots.offer())
+            placement = self._placement(self._slots.offer())
             self._send(partial(self._release, placement))
+
+    # -- MPS ------------------------------------------------------------------------------
+
+    def _start_mps(self) -> None:
+        """NVIDIA's MPS daemon, where ``options.mps`` asks and a GPU runs several jobs."""
+        devices = list(dict.fromkeys(s.device for s in self.plan.slots if s.device is not None))
+        shared = len(self.plan.slots) > len(devices) and not self.plan.on_cpu
+        self._mps = start_mps(self.options.mps, devices, shared, self._sweep_dir)
+
+    def _placement(self, slot: Slot) -> Placement:
+        env = slot.env()
+        if self._mps is not None and slot.device is not None:
+            # under furcate's daemon a job names its GPU as the daemon numbers them
+            env.update(self._mps.env())
+            env["CUDA_VISIBLE_DEVICES"] = self._mps.visible_device(slot.device)
+        return Placement(slot.index, env, slot.cpus, slot.threads)
+
+    def _report_mps_faults(self) -> None:
+        """A fault MPS logged takes down the jobs sharing its GPU: say so, never silently."""
+        if self._mps is None:
+            return
+        for line in self._mps.faults():
+            log.warning(
+                "furcate: the MPS server reported a fault; the jobs sharing its GPU may have "
+                "failed with it (logs: %s): %s",
+                self._mps.log_dir,
+                line,
+            )
 
     def _read_report(self, job: Job) -> ChildReport | None:
         path = self._result_path(job)
@@ -302,10 +341,6 @@ class LocalTransport(Transport):
     def _result_path(self, job: Job) -> Path:
         # id() is unique while the job is held here, and a job is held until it is handed back.
         return self._runtime_dir / f"{id(job):x}-{job.attempts}.result"
-
-
-def _placement(slot: Slot) -> Placement:
-    return Placement(slot.index, slot.env(), slot.cpus, slot.threads)
 
 
 def _kill_group(pid: int) -> None:

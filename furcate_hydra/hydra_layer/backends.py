@@ -7,6 +7,7 @@ LauncherOptions.backend ── local ─► plan_slots (this machine)  ─► Lo
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
@@ -54,13 +55,15 @@ def start_executor(
     output: ConsoleOutput | None,
     warm: Callable[[], WarmContext | None] | None = None,
     packing: GpuPacking | None = None,
+    sweep_dir: Path | None = None,
 ) -> Executor:
     """The executor that runs the session's jobs on ``plan`` (made by ``plan_for``). It
     starts nothing until it is asked to (``start``, ``wait_ready``, ``submit``). ``warm``: what
     a local fork server that is a fork of this process starts jobs from (see ``LocalPool``).
-    ``packing``: ``gpu_packing``'s, for the local pool."""
+    ``packing``: ``gpu_packing``'s, for the local pool; ``sweep_dir``: where its MPS daemon's
+    pipe and logs go."""
     if options.backend is Backend.LOCAL:
-        return LocalPool(plan, context, options.pool, output, warm, packing)
+        return LocalPool(plan, context, options.pool, output, warm, packing, sweep_dir)
     from furcate_hydra.ray_backend.cluster import RaySlotPlan, import_ray
     from furcate_hydra.ray_backend.pool import RayPool
 

@@ -100,8 +100,9 @@ class LaunchSession:
         self._warm = False
         view = self.shown.view
         output = view.write_output if view.owns_output else None
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         self.executor = start_executor(
-            plan, self._context, options, output, self._fork_context, self.packing
+            plan, self._context, options, output, self._fork_context, self.packing, sweep_dir
         )
         self.executor.add_listener(self.shown.tally.on_event)
         self.executor.add_listener(self._on_event)
@@ -173,7 +174,7 @@ class LaunchSession:
             return False
         try:
             self.ledger.load_store_modules()
-            self.executor.start()
+            self.executor.start()  # with hydra.launcher.mps=on, an error where MPS cannot run
             self.ledger.open_store()
             self.executor.wait_ready()
             self.tracer = start_tracer(
@@ -184,6 +185,8 @@ class LaunchSession:
         except KeyboardInterrupt:
             log.warning("furcate: interrupted while starting; no job ran")
             raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
+        except FurcateConfigError as exc:
+            raise as_option_error(exc) from None
         self._warm = True
         return True
 

@@ -16,6 +16,7 @@ from omegaconf import ListConfig
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.job_pool import PoolOptions
+from furcate_hydra.execution.mps import check_mps_mode
 from furcate_hydra.execution.slots import AUTO as AUTO_JOBS
 from furcate_hydra.execution.slots import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
@@ -165,14 +166,24 @@ class LauncherOptions:
                 Backend.parse(options["backend"]),
                 RayOptions.parse(plain(options["ray"])),
             )
-            _check_auto_jobs(parsed)
+            _check_local_only(parsed)
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
         return parsed
 
 
-def _check_auto_jobs(options: LauncherOptions) -> None:
-    """``jobs_per_gpu=auto`` learns from the local resource trace: refuse what has none."""
+def _check_local_only(options: LauncherOptions) -> None:
+    """What only the local backend does: ``jobs_per_gpu=auto`` learns from the local resource
+    trace, and ``mps=on`` starts a daemon on this machine."""
+    if options.pool.mps == "on" and options.backend is not Backend.LOCAL:
+        raise FurcateConfigError(
+            "hydra.launcher.mps",
+            "on",
+            f"furcate starts MPS daemons on this machine only (backend=local), not on the "
+            f"nodes of backend={options.backend.value}",
+            "start nvidia-cuda-mps-control -d on each node yourself (its jobs use it), and set "
+            "hydra.launcher.mps=auto or off",
+        )
     if not options.slots.auto:
         return
     if options.backend is not Backend.LOCAL:
@@ -251,6 +262,7 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         # close it after an out-of-memory
         fork_ahead=not _flag(options, "fail_fast") and options["jobs_per_gpu"] != AUTO_JOBS,
         job_imports=server_imports(options["lightning"], preload),
+        mps=check_mps_mode(options["mps"]),
     )
 
 

@@ -63,6 +63,11 @@ class FurcateLauncherConf:
     # with jobs_per_gpu=auto, GiB of each GPU kept free beyond its jobs' measured peaks: a new
     # job's CUDA context and its allocator's growth before they show in a sample
     gpu_mem_margin_gb: Any = 0.5
+    # NVIDIA's MPS daemon, so that jobs sharing a GPU run their kernels at once instead of
+    # taking turns: auto (start one where a GPU may run several jobs and MPS can run), on
+    # (an error where it cannot) or off; a daemon you started is used and left alone (typed
+    # Any: YAML reads a bare on/off as a boolean)
+    mps: Any = "auto"
     # cap on the total number of slots (furcate's max_threads)
     max_workers: Optional[int] = None
     # cores pinned to each slot; torch/OpenMP threads follow

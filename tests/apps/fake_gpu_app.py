@@ -4,8 +4,8 @@ Each step holds ``steps[i][0]`` GiB on the job's GPU for ``steps[i][1]`` s, writ
 fake NVML reads it (``held/<gpu>/<pid>``). A step that does not fit beside what the other
 processes hold raises torch's own ``OutOfMemoryError`` with CUDA's message, in the job or in a
 DataLoader worker, as the caching allocator would. Each start and end is appended to
-``events.log`` in the fake NVML's dir (with the job's CUDA_DEVICE_ORDER), to count the jobs a
-GPU ran at once.
+``events.log`` in the fake NVML's dir (with the job's CUDA_DEVICE_ORDER and MPS pipe dir), to
+count the jobs a GPU ran at once.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ class _OutOfMemoryInWorker(Dataset[int]):
 
 def _log(state: Path, what: str, gpu: str) -> None:
     order = os.environ.get("CUDA_DEVICE_ORDER", "unset")
+    mps = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "none")
     with (state / "events.log").open("a") as file:
-        file.write(f"{what} {time.time():.4f} {gpu} {os.getpid()} {order}\n")
+        file.write(f"{what} {time.time():.4f} {gpu} {os.getpid()} {order} {mps}\n")
 
 
 def _hold(state: Path, gpu: str, mib: float, oom_in: str) -> None:

@@ -1,0 +1,98 @@
+"""hydra.launcher.mps through the real CLI: a daemon (a fake nvidia-cuda-mps-control, real
+processes) for GPUs that run several jobs, its jobs pointed at it, gone when the sweep ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.test_gpu_packing_sweeps import fake_gpus, sweep
+
+FAKE_BINARY = Path(__file__).parent / "fakes" / "nvidia-cuda-mps-control"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """Two fake GPUs, the fake MPS binary first on PATH, no daemon of the user's."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(FAKE_BINARY, bin_dir / FAKE_BINARY.name)
+    environ = fake_gpus(tmp_path, 8, 8)
+    environ = {k: v for k, v in environ.items() if not k.startswith("CUDA_MPS_")}
+    environ["PATH"] = f"{bin_dir}{os.pathsep}{environ['PATH']}"
+    return environ
+
+
+def our_daemons(pipe: Path) -> list[psutil.Process]:
+    """Processes of the fake binary this test's sweep started (by their pipe dir's env)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any(FAKE_BINARY.name in part for part in cmdline):
+            try:
+                if process.environ().get("CUDA_MPS_PIPE_DIRECTORY") == str(pipe):
+                    found.append(process)
+            except psutil.Error:
+                continue
+    return found
+
+
+def test_several_jobs_per_gpu_run_under_a_daemon_the_sweep_starts_and_stops(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    code, out = sweep(
+        tmp_path,
+        env,
+        "x=range(0,4)",
+        "steps=[[0.5,0.5]]",
+        "hydra.launcher.jobs_per_gpu=2",
+        "hydra.launcher.gpus=[1]",
+    )
+    assert code == 0, out
+    assert "furcate: MPS" in out and "MPS off" not in out
+    pipes = set()
+    for line in (tmp_path / "nvml" / "events.log").read_text().splitlines():
+        _, _, visible, _, _, mps = line.split()
+        # the daemon sees GPU 1 only, as its device 0: the job names it so
+        assert visible == "0"
+        pipes.add(Path(mps))
+    (pipe,) = pipes
+    # in the sweep dir, or (a socket path there would be too long) a short temporary dir
+    assert pipe == tmp_path / "sweep" / ".mps" / "pipe" or pipe.name.startswith("furcate-mps-")
+    assert str(pipe) in out  # the line says where
+    assert (tmp_path / "sweep" / ".mps" / "log" / "control.log").exists()
+    assert not our_daemons(pipe)  # stopped with the sweep
+    assert not (pipe / "control").exists()
+
+
+def test_mps_off_leaves_jobs_time_slicing(tmp_path: Path, env: dict[str, str]) -> None:
+    code, out = sweep(
+        tmp_path,
+        env,
+        "x=0,1",
+        "steps=[[0.5,0.2]]",
+        "hydra.launcher.jobs_per_gpu=2",
+        "hydra.launcher.gpus=[1]",
+        "hydra.launcher.mps=off",
+    )
+    assert code == 0, out
+    assert "MPS" not in out
+    for line in (tmp_path / "nvml" / "events.log").read_text().splitlines():
+        assert line.split()[2] == "1" and line.split()[5] == "none"
+
+
+def test_mps_on_where_it_cannot_run_stops_before_any_job(tmp_path: Path) -> None:
+    environ = fake_gpus(tmp_path, 8)
+    environ["PATH"] = str(Path(sys.executable).parent)  # no nvidia-cuda-mps-control there
+    code, out = sweep(
+        tmp_path, environ, "x=0,1", "hydra.launcher.jobs_per_gpu=2", "hydra.launcher.mps=on"
+    )
+    assert code != 0
+    assert "hydra.launcher.mps" in out and "nvidia-cuda-mps-control is not on PATH" in out
+    assert "hydra.launcher.mps=auto or off" in out
+    assert not (tmp_path / "nvml" / "events.log").exists()  # no job ran
