@@ -22,7 +22,7 @@ from furcate_hydra.cli._values import (
     snapshot_json,
 )
 from furcate_hydra.layout import SweepPaths
-from furcate_hydra.monitor.packing_file import read_packing_lines
+from furcate_hydra.store.gpu_packing_file import read_packing_lines
 from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepJobStatus, SweepSnapshot
 
 __all__ = ["print_status"]

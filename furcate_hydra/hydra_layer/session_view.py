@@ -20,11 +20,11 @@ from furcate_hydra.hydra_layer.job_returns import error_text, how_it_ended
 from furcate_hydra.hydra_layer.launch import task_overrides
 from furcate_hydra.hydra_layer.launcher_options import ProgressOptions
 from furcate_hydra.layout import JobPaths, SweepPaths
-from furcate_hydra.monitor.packing_file import write_packing
 from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
 from furcate_hydra.reasons import one_line_reason, pruned_reason
+from furcate_hydra.store.gpu_packing_file import write_packing
 from furcate_hydra.store.run_data import JobRow
 from furcate_hydra.tracing import TracePeaks
 
