@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,18 +13,15 @@ from furcate_hydra.execution.devices import (
     GpuProbe,
     InstalledGpu,
     NvmlProbe,
-    normalize_device_id,
     parse_cuda_visible_devices,
 )
+from furcate_hydra.execution.slot_options import AUTO, SlotOptions, explicit_gpus
 
-__all__ = ["AUTO", "Slot", "SlotOptions", "SlotPlan", "jobs_on_gpu", "plan_slots"]
+__all__ = ["GpuStart", "Slot", "SlotPlan", "jobs_on_gpu", "plan_slots"]
 
 log = logging.getLogger(__name__)
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-# jobs_per_gpu=auto: each GPU's count is learned from its jobs' measured memory (gpu_packing)
-AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -49,35 +45,6 @@ class Slot:
         if self.threads is not None:
             env.update(dict.fromkeys(_THREAD_VARS, str(self.threads)))
         return env
-
-
-@dataclass(frozen=True)
-class SlotOptions:
-    """Launcher options that shape the slots (``hydra.launcher`` keys of the same names, whose
-    defaults live in the launcher's config); see ``plan_slots`` for their meaning.
-
-    Checked when made, so every backend plans from valid options.
-
-    Raises:
-        FurcateConfigError: an option is invalid (the error names the key, value and fix).
-    """
-
-    gpus: Sequence[int | str] | str | None
-    jobs_per_gpu: int | str | None
-    gpu_mem_per_job_gb: float | None
-    max_jobs_per_gpu: int
-    max_workers: int | None
-    cpus_per_job: int | None
-    allow_cpu: bool
-    gpu_mem_margin_gb: float = 0.5
-
-    def __post_init__(self) -> None:
-        _validate(self)
-
-    @property
-    def auto(self) -> bool:
-        """Whether each GPU's job count is learned while the sweep runs (``jobs_per_gpu=auto``)."""
-        return self.jobs_per_gpu == AUTO
 
 
 @dataclass(frozen=True)
@@ -175,7 +142,7 @@ def plan_slots(
         FurcateConfigError: An option is invalid, a named GPU does not exist, or no GPU was
             found and CPU is not allowed.
     """
-    explicit = _explicit_gpus(options.gpus)
+    explicit = explicit_gpus(options.gpus)
     environ = os.environ if environ is None else environ
     probe = probe or NvmlProbe()
     cpus = sorted(set(available_cpus)) if available_cpus is not None else _affinity()
@@ -249,101 +216,6 @@ def jobs_on_gpu(options: SlotOptions, memory_gib: Callable[[], float]) -> int:
     if gb is None:
         return 1 if options.auto else int(options.jobs_per_gpu or 1)
     return min(max(1, int(memory_gib() // gb)), options.max_jobs_per_gpu)
-
-
-def _validate(options: SlotOptions) -> None:
-    """Check every option (the GPUs named too), naming the key, the value and the fix."""
-    fixes = {
-        "jobs_per_gpu": "set it to 1 or more, auto (learn it from measured GPU memory), or "
-        "null for one job per GPU",
-        "max_jobs_per_gpu": "set it to 1 or more (default 8)",
-        "max_workers": "set it to 1 or more, or null for no cap",
-        "cpus_per_job": "set it to 1 or more, or null to leave cores unpinned",
-    }
-    for name, fix in fixes.items():
-        value = getattr(options, name)
-        if value is None and name != "max_jobs_per_gpu":
-            continue
-        if name == "jobs_per_gpu" and options.auto:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problem = "must be a positive integer" + (" or auto" if name == "jobs_per_gpu" else "")
-            raise FurcateConfigError(f"hydra.launcher.{name}", value, problem, fix)
-    mem = options.gpu_mem_per_job_gb
-    if mem is not None and (
-        isinstance(mem, bool) or not isinstance(mem, int | float) or not 0 < mem < math.inf
-    ):
-        raise FurcateConfigError(
-            "hydra.launcher.gpu_mem_per_job_gb",
-            mem,
-            "must be a positive number of GiB",
-            "set it to the GPU memory one job needs, e.g. 4.5, or null to use jobs_per_gpu",
-        )
-    margin = options.gpu_mem_margin_gb
-    if (
-        isinstance(margin, bool)
-        or not isinstance(margin, int | float)
-        or not 0 <= margin < math.inf
-    ):
-        raise FurcateConfigError(
-            "hydra.launcher.gpu_mem_margin_gb",
-            margin,
-            "must be a number of GiB, 0 or more",
-            "set it to the GPU memory to keep free beyond the jobs' measured peaks, e.g. 0.5",
-        )
-    if isinstance(options.jobs_per_gpu, str) and not options.auto:
-        raise FurcateConfigError(
-            "hydra.launcher.jobs_per_gpu",
-            options.jobs_per_gpu,
-            "must be a positive integer or auto",
-            "set it to 1 or more, auto (learn it from measured GPU memory), or null for one "
-            "job per GPU",
-        )
-    if mem is not None and options.jobs_per_gpu is not None and not options.auto:
-        raise FurcateConfigError(
-            "hydra.launcher.jobs_per_gpu",
-            options.jobs_per_gpu,
-            f"cannot be combined with hydra.launcher.gpu_mem_per_job_gb={mem!r}",
-            "pick one: jobs_per_gpu for a fixed count per GPU, or gpu_mem_per_job_gb to size "
-            "by free memory, and set the other to null (jobs_per_gpu=auto takes "
-            "gpu_mem_per_job_gb as where each GPU starts)",
-        )
-    if not isinstance(options.allow_cpu, bool):
-        raise FurcateConfigError(
-            "hydra.launcher.allow_cpu",
-            options.allow_cpu,
-            "must be true or false",
-            "set hydra.launcher.allow_cpu=true or false",
-        )
-    _explicit_gpus(options.gpus)
-
-
-def _explicit_gpus(gpus: object) -> list[str] | None:
-    """Normalise ``gpus`` to distinct device ids; None means discover them."""
-    if gpus is None:
-        return None
-    fix = "give distinct GPU indices or GPU-/MIG- UUIDs, e.g. gpus=[0,1] or gpus='0,1'"
-    if isinstance(gpus, str):
-        entries: list[object] = [] if not gpus.strip() else list(gpus.split(","))
-    elif isinstance(gpus, Sequence) and not isinstance(gpus, bytes):
-        entries = list(gpus)
-    else:
-        raise FurcateConfigError(
-            "hydra.launcher.gpus", gpus, "must be a list or a comma-separated string", fix
-        )
-    devices: list[str] = []
-    for entry in entries:
-        device = normalize_device_id(entry)
-        if device is None:
-            problem = f"entry {entry!r} is neither a GPU index (0, 1, ...) nor a GPU-/MIG- UUID"
-            raise FurcateConfigError("hydra.launcher.gpus", gpus, problem, fix)
-        if device in devices:
-            problem = f"GPU {device!r} is listed twice"
-            raise FurcateConfigError(
-                "hydra.launcher.gpus", gpus, problem, fix + "; use jobs_per_gpu for more jobs"
-            )
-        devices.append(device)
-    return devices
 
 
 def _check_installed(devices: list[str], key: str, value: object, probe: GpuProbe) -> None:

@@ -17,8 +17,8 @@ from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
 from furcate_hydra.execution.job_pool import PoolOptions
 from furcate_hydra.execution.mps import check_mps_mode
-from furcate_hydra.execution.slots import AUTO as AUTO_JOBS
-from furcate_hydra.execution.slots import SlotOptions
+from furcate_hydra.execution.slot_options import AUTO as AUTO_JOBS
+from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
 from furcate_hydra.lightning_auto import AUTO, MODES, server_imports
 from furcate_hydra.monitor.views import PROGRESS_MODES

@@ -16,7 +16,8 @@ from types import ModuleType
 from typing import Any
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.slots import Slot, SlotOptions, SlotPlan, jobs_on_gpu
+from furcate_hydra.execution.slot_options import SlotOptions
+from furcate_hydra.execution.slots import Slot, SlotPlan, jobs_on_gpu
 from furcate_hydra.ray_backend.options import ADDRESS_KEY, BACKEND_KEY, RayOptions, parse_address
 
 __all__ = ["RaySlotPlan", "connect", "import_ray", "plan_ray_slots"]
