@@ -35,15 +35,14 @@ import contextlib
 import functools
 import multiprocessing
 import os
-import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from bench.postgres import Cluster, free_port
 
 T = TypeVar("T")
 
@@ -259,13 +258,6 @@ def summary(ops: Ops, wall: float, checked: dict[str, int], prunes: int) -> dict
     }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def proxy_server(url: str, port: int) -> Any:
     """Optuna's gRPC proxy in front of the sqlite storage at ``url``, on 127.0.0.1, started."""
     import optuna
@@ -303,46 +295,13 @@ def grpc_proxy(url: str, own_process: bool) -> Iterator[str]:
         process.join(timeout=10)
 
 
-def pg_bin() -> Path | None:
-    """The directory of PostgreSQL's server programs, or None."""
-    found = shutil.which("pg_ctl")
-    if found:
-        return Path(found).resolve().parent
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-    return versions[-1].parent if versions else None
-
-
 @contextlib.contextmanager
 def postgres(folder: Path, user: str) -> Iterator[str]:
-    """A PostgreSQL server of its own in ``folder`` on a loopback port; stopped on exit.
-    ``initdb`` refuses root: as root, it and the server run as ``user``."""
-    binaries = pg_bin()
-    if binaries is None:
-        raise RuntimeError("no pg_ctl: install PostgreSQL (apt-get install postgresql)")
-    as_user = ["runuser", "-u", user, "--"] if os.geteuid() == 0 else []
-    data = folder / "pgdata"
-    folder.mkdir(parents=True, exist_ok=True)
-    if as_user:
-        shutil.chown(folder, user)
-        folder.parent.chmod(0o711)  # the bench's temp dir (0700): the server's user may pass
-    port = free_port()
-
-    def run(*args: str) -> None:
-        done = subprocess.run([*as_user, *args], capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(args[:1])} failed: {done.stderr.strip()[-500:]}")
-
-    run(str(binaries / "initdb"), "-D", str(data), "-A", "trust", "-U", "bench")
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=on"
-    run(str(binaries / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(folder / "log"),
-        "-w", "start")  # fmt: skip
-    try:
-        run(str(binaries / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "bench",
-            "optuna")  # fmt: skip
-        # SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3: name the driver installed
-        yield f"postgresql+psycopg2://bench@127.0.0.1:{port}/optuna"
-    finally:
-        run(str(binaries / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+    """A PostgreSQL server of its own in ``folder`` on a loopback port; stopped on exit."""
+    cluster = Cluster(folder, user, fsync="on")
+    with cluster.running():
+        cluster.psql("postgres", "CREATE DATABASE optuna")
+        yield cluster.url("optuna")
 
 
 @contextlib.contextmanager
