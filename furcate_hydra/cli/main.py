@@ -71,6 +71,19 @@ def _ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    from furcate_hydra.store.index_command import run_index
+    from furcate_hydra.store.tracking_uri import TrackingUri, resolve_tracking_uri
+
+    tracking = (
+        TrackingUri(args.tracking_uri, "--tracking-uri")
+        if args.tracking_uri
+        else resolve_tracking_uri(None)
+    )
+    print(run_index(tracking, drop=args.drop))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="furcate",
@@ -126,4 +139,21 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--limit", type=int, default=20, help="at most this many sweeps (20)")
     ls.add_argument("--json", action="store_true", help="one JSON object")
     ls.set_defaults(run=_ls)
+
+    index = commands.add_parser(
+        "index",
+        help="index a big store's tags for furcate's lookups (--drop: remove them)",
+        description="Add furcate's own indexes to a sqlite or PostgreSQL MLflow store's tags "
+        "table: the skip check, claims, furcate status and the MLflow UI's runs of one sweep "
+        "then read the matching runs instead of every run's tag. MLflow's migrations keep "
+        "working; --drop removes them.",
+    )
+    index.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="the store's database (default: MLFLOW_TRACKING_URI, else ./mlflow.db); for an "
+        "mlflow server, the --backend-store-uri it was started with",
+    )
+    index.add_argument("--drop", action="store_true", help="drop furcate's indexes instead")
+    index.set_defaults(run=_index)
     return parser

@@ -1,0 +1,95 @@
+"""Indexes of furcate's own on an MLflow store's ``tags`` table: ``furcate store index``.
+
+MLflow indexes ``tags`` by (key, run_uuid) and by run_uuid, never by value. Three lookups ask
+for runs by a tag's value, so on a big store each reads every tag of that key:
+
+    skip check, claims     tags furcate.fingerprint IN (...)      (store/lookup.py, sqlite_reader)
+    furcate status, mlflow ui's runs of one sweep
+                           tags mlflow.parentRunId = <sweep run>   (MLflow's search_runs)
+
+With a store of 1M runs that is 1M tag rows per lookup (see docs/benchmarks.md). The indexes
+here answer them from the matching rows. They are extra: MLflow neither needs nor sees them,
+its migrations rebuild the table around them, and ``drop_indexes`` removes every trace.
+
+    sqlite       one index on tags (key, value)
+    PostgreSQL   one partial index on tags (value) per key: a B-tree entry holds ~2.7 KB at
+                 most, and other tags' values may hold up to 8,000 characters; made
+                 CONCURRENTLY, so writers of a live store are not blocked
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from furcate_hydra.store.run_record import Tags
+
+__all__ = ["INDEXED_TAGS", "StoreIndex", "create_indexes", "drop_indexes", "store_indexes"]
+
+# the tags whose values furcate's lookups and MLflow's search of one sweep match
+INDEXED_TAGS = (Tags.FINGERPRINT, Tags.PARENT_RUN)
+_PREFIX = "furcate_tags_"
+
+
+@dataclass(frozen=True)
+class StoreIndex:
+    """One index furcate makes: its name and the statement that makes it."""
+
+    name: str
+    create: str
+
+
+def store_indexes(dialect: str) -> list[StoreIndex]:
+    """The indexes for a store of ``dialect`` (SQLAlchemy's name: sqlite, postgresql).
+
+    Raises:
+        ValueError: Naming the dialect, for a database other than sqlite or PostgreSQL.
+    """
+    if dialect == "sqlite":
+        name = f"{_PREFIX}key_value"
+        return [StoreIndex(name, f"CREATE INDEX IF NOT EXISTS {name} ON tags (key, value)")]
+    if dialect == "postgresql":
+        return [
+            StoreIndex(
+                name := f"{_PREFIX}{key.replace('.', '_').lower()}",
+                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON tags (value) "
+                f"WHERE key = '{key}'",
+            )
+            for key in INDEXED_TAGS
+        ]
+    raise ValueError(
+        f"furcate store indexes are made for sqlite and PostgreSQL stores, but got {dialect=}: "
+        "index tags (key, value) there by hand, with a prefix of value where the database "
+        "limits an index entry's length"
+    )
+
+
+def create_indexes(engine: Any) -> list[str]:
+    """Make the indexes on ``engine``'s store that it lacks; returns those made."""
+    present = _present(engine)
+    made = []
+    # CONCURRENTLY runs outside a transaction
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        for index in store_indexes(engine.dialect.name):
+            if index.name not in present:
+                connection.exec_driver_sql(index.create)
+                made.append(index.name)
+    return made
+
+
+def drop_indexes(engine: Any) -> list[str]:
+    """Drop every index furcate made on ``engine``'s store; returns those dropped."""
+    dropped = []
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        for name in sorted(_present(engine)):
+            connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+            dropped.append(name)
+    return dropped
+
+
+def _present(engine: Any) -> set[str]:
+    """furcate's indexes on ``tags`` now (by name, whatever their definition)."""
+    import sqlalchemy as sa
+
+    names = {index["name"] or "" for index in sa.inspect(engine).get_indexes("tags")}
+    return {name for name in names if name.startswith(_PREFIX)}

@@ -1,0 +1,150 @@
+"""furcate index: the lookups that match tag values use it, MLflow keeps working and migrating
+around it, and --drop leaves MLflow's schema as MLflow made it. Real sqlite and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from mlflow.tracking import MlflowClient
+
+from furcate_hydra.cli.main import main
+from furcate_hydra.store import Tags
+from furcate_hydra.store.store_index import create_indexes, drop_indexes, store_indexes
+
+# the skip check's SELECT (store/lookup.py, store/sqlite_reader.py) and MLflow's search of
+# one sweep's runs, by their tag conditions
+SKIP_CHECK = (
+    "SELECT r.run_uuid FROM runs r JOIN tags fp ON fp.run_uuid = r.run_uuid AND fp.key = "
+    f"'{Tags.FINGERPRINT}' WHERE r.experiment_id = 1 AND fp.value IN ('fp1', 'fp2')"
+)
+ONE_SWEEP = f"SELECT run_uuid FROM tags WHERE key = '{Tags.PARENT_RUN}' AND value = 'p1'"
+# the MLflow revision before a migration that rebuilds the tags table (its value limit)
+BEFORE_TAGS_REBUILT = "4465047574b1"
+
+
+def _plans(engine: sa.Engine, explain: str) -> str:
+    with engine.connect() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.exec_driver_sql("SET enable_seqscan = off")  # tiny tables: no choice
+        return "\n".join(
+            str(row) for sql in (SKIP_CHECK, ONE_SWEEP)
+            for row in connection.exec_driver_sql(f"{explain} {sql}")
+        )  # fmt: skip
+
+
+def _old_store(url: str) -> None:
+    """A store MLflow made at an older revision: `mlflow db upgrade` has migrations to run."""
+    from alembic import command
+    from mlflow.store.db.utils import _get_alembic_config
+    from mlflow.store.tracking.dbmodels.initial_models import Base
+
+    engine = sa.create_engine(url)
+    Base.metadata.create_all(engine)
+    with engine.begin() as connection:
+        config = _get_alembic_config(url)  # type: ignore[no-untyped-call]
+        config.attributes["connection"] = connection
+        command.upgrade(config, BEFORE_TAGS_REBUILT)
+    engine.dispose()
+
+
+def _check_store(url: str, explain: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _old_store(url)
+    engine = sa.create_engine(url)
+    names = {index.name for index in store_indexes(engine.dialect.name)}
+    assert main(["index", "--tracking-uri", url]) == 0
+    assert capsys.readouterr().out.startswith("made ")
+    assert create_indexes(engine) == []  # made once
+
+    upgrade = subprocess.run(
+        [sys.executable, "-m", "mlflow", "db", "upgrade", url], capture_output=True, text=True
+    )
+    assert upgrade.returncode == 0, upgrade.stderr[-2000:]
+    # MLflow writes and searches as before, a tag of its longest value too
+    client = MlflowClient(url)
+    experiment = client.create_experiment("e")
+    for i in range(150):  # enough rows that an index on values pays
+        tags = {Tags.PARENT_RUN: f"p{i % 3}", Tags.FINGERPRINT: f"fp{i}", "note": "n" * 8000}
+        client.create_run(experiment, tags=tags)
+    found = client.search_runs([experiment], f"tags.`{Tags.PARENT_RUN}` = 'p1'")
+    assert len(found) == 50
+    with engine.connect() as connection:
+        connection.exec_driver_sql("ANALYZE")  # what autovacuum does to a store in use
+        connection.commit()
+    engine.dispose()  # a connection's statements are planned against the schema it saw
+    plans = _plans(engine, explain)
+    assert all(name in plans for name in names), plans
+
+    assert main(["index", "--drop", "--tracking-uri", url]) == 0
+    assert capsys.readouterr().out.startswith("dropped ")
+    engine.dispose()
+    plans = _plans(engine, explain)
+    assert not any(name in plans for name in names), plans
+    assert drop_indexes(engine) == []
+    engine.dispose()
+
+
+@pytest.mark.slow
+def test_sqlite_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _check_store(f"sqlite:///{tmp_path / 'mlflow.db'}", "EXPLAIN QUERY PLAN", capsys)
+
+
+def test_refuses_a_server_and_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["index", "--tracking-uri", "http://127.0.0.1:5000"]) == 2
+    assert "--backend-store-uri" in capsys.readouterr().err
+    assert main(["index", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
+    assert "no such sqlite file" in capsys.readouterr().err
+    assert not (tmp_path / "none.db").exists()
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return found[-1].parent if found else None
+
+
+@contextlib.contextmanager
+def _postgres(folder: Path) -> Iterator[str]:
+    """A PostgreSQL server of the test's own on a loopback port (as ``postgres`` when root)."""
+    binaries = _pg_bin()
+    assert binaries is not None
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(folder, "postgres")
+        for parent in folder.parents[:3]:
+            parent.chmod(parent.stat().st_mode | 0o111)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    data = folder / "data"
+
+    def run(program: str, *args: str) -> None:
+        subprocess.run([*as_user, str(binaries / program), *args], check=True, capture_output=True)
+
+    run("initdb", "-D", str(data), "-A", "trust", "-U", "test")
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder}"
+    run("pg_ctl", "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
+    try:
+        run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "test", "mlflow")
+        yield f"postgresql+psycopg2://test@127.0.0.1:{port}/mlflow"
+    finally:
+        run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_pg_bin() is None, reason="PostgreSQL is not installed (initdb)")
+def test_postgres_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("psycopg2")
+    folder = tmp_path / "pg"
+    folder.mkdir()
+    with _postgres(folder) as url:
+        _check_store(url, "EXPLAIN", capsys)
