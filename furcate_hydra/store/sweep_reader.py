@@ -25,6 +25,7 @@ from furcate_hydra.layout import JobPaths, SweepPaths
 from furcate_hydra.progress import JobProgress, read_progress
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone, process_start_ticks
 from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
+from furcate_hydra.store.stored_runs import has_database, stored_runs
 from furcate_hydra.store.sweep_pointer import SweepPointer, SweepPointerError
 from furcate_hydra.store.sweep_snapshot import (
     FileRow,
@@ -230,22 +231,25 @@ class SweepReader:
         if self.sweep_run is None:
             return
         parent = self.sweep_run.info.run_id
+        if has_database(self.client):  # a few SELECTs, not search_runs' whole runs
+            experiment_id = self.sweep_run.info.experiment_id
+            yield from stored_runs(self.client, experiment_id, parent_run_id=parent)
+            return
         yield from self._search(f"tags.`{Tags.PARENT_RUN}` = '{parent}'")
 
     def _runs_by_id(self, run_ids: Iterable[str]) -> Iterator[StoredRun]:
         ordered = sorted(run_ids)
+        experiment_id = self._experiment_id()
+        if ordered and experiment_id is not None and has_database(self.client):
+            yield from stored_runs(self.client, experiment_id, run_ids=ordered)
+            return
         for first in range(0, len(ordered), 100):
             quoted = ", ".join(f"'{run_id}'" for run_id in ordered[first : first + 100])
             yield from self._search(f"attributes.run_id IN ({quoted})")
 
     def _search(self, filter_string: str) -> Iterator[StoredRun]:
-        if self.client is None:
-            return
-        if self.sweep_run is not None:
-            experiment_id = self.sweep_run.info.experiment_id
-        elif self._nothing_ran() and self.record is not None:
-            experiment_id = self.record.experiment_id
-        else:
+        experiment_id = self._experiment_id()
+        if experiment_id is None:
             return
         token = None
         while True:
@@ -260,6 +264,16 @@ class SweepReader:
             token = page.token
             if not token:
                 return
+
+    def _experiment_id(self) -> str | None:
+        """The experiment of the sweep's runs; None where nothing can be read."""
+        if self.client is None:
+            return None
+        if self.sweep_run is not None:
+            return str(self.sweep_run.info.experiment_id)
+        if self._nothing_ran() and self.record is not None:
+            return self.record.experiment_id
+        return None
 
     def _pruned_epochs(self, runs: Iterable[StoredRun]) -> dict[str, int | None]:
         """Per run whose trial the sweeper recorded as PRUNED, the epoch it was pruned at:
