@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,15 +121,16 @@ def _postgres(folder: Path) -> Iterator[str]:
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if as_user:
         shutil.chown(folder, "postgres")
-        for parent in folder.parents[:3]:
-            parent.chmod(parent.stat().st_mode | 0o111)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     data = folder / "data"
 
     def run(program: str, *args: str) -> None:
-        subprocess.run([*as_user, str(binaries / program), *args], check=True, capture_output=True)
+        done = subprocess.run(
+            [*as_user, str(binaries / program), *args], capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{program}: {done.stderr[-1000:]}"
 
     run("initdb", "-D", str(data), "-A", "trust", "-U", "test")
     options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder}"
@@ -142,9 +144,40 @@ def _postgres(folder: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(_pg_bin() is None, reason="PostgreSQL is not installed (initdb)")
-def test_postgres_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_postgres_store(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("psycopg2")
-    folder = tmp_path / "pg"
-    folder.mkdir()
-    with _postgres(folder) as url:
-        _check_store(url, "EXPLAIN", capsys)
+    # a folder the server's user can reach (pytest's own are the test user's alone)
+    folder = Path(tempfile.mkdtemp(prefix="furcate-test-pg-"))
+    try:
+        with _postgres(folder) as url:
+            _check_store(url, "EXPLAIN", capsys)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_claim_check_reads_the_fingerprints_runs_by_the_index(tmp_path: Path) -> None:
+    """On an indexed store the check of claims asks for the fingerprints' RUNNING runs, not
+    for the experiment's RUNNING runs first (a scan of every run); the answer is the same."""
+    from furcate_hydra.store.lookup import find_runs
+
+    url = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(url)
+    experiment = client.create_experiment("e")
+    for i, status in enumerate(["RUNNING", "FINISHED", "RUNNING", "FAILED"]):
+        run = client.create_run(experiment, tags={Tags.FINGERPRINT: f"fp{i % 2}"})
+        if status != "RUNNING":
+            client.set_terminated(run.info.run_id, status)
+    statements: list[str] = []
+
+    def running_fp0() -> list[str]:
+        statements.clear()
+        found = find_runs(client, experiment, ["fp0", "fp1"], running_only=True)
+        return sorted(r.run_id for runs in found.values() for r in runs)
+
+    engine = client._tracking_client.store.engine
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    plain = running_fp0()
+    assert len(plain) == 2 and any("IN (SELECT runs.run_uuid" in s for s in statements)
+    assert create_indexes(engine)
+    assert running_fp0() == plain
+    assert not any("IN (SELECT runs.run_uuid" in s for s in statements), statements

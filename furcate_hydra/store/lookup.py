@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
+from furcate_hydra.store.store_index import tags_indexed
 
 __all__ = ["find_runs", "runs_by_id"]
 
@@ -82,6 +83,7 @@ def _from_database(
         else sa.literal(False)
     )
     rows: dict[str, tuple[str, str, int, bool, dict[str, str]]] = {}
+    indexed = running_only and tags_indexed(store.engine)
     with store.ManagedSessionMaker() as session:
         for start in range(0, len(ordered), _CHUNK):
             chunk = ordered[start : start + _CHUNK]
@@ -107,9 +109,13 @@ def _from_database(
                     sa.or_(other.key.like("furcate.%"), other.key == Tags.PARENT_RUN),
                 )
             )
-            if running_only:
-                # the experiment's RUNNING runs first, then their tags by run id: sqlite would
-                # otherwise read every fingerprint tag of the store (no index on tag values)
+            if running_only and indexed:
+                # the fingerprints' runs by furcate's index, those RUNNING among them
+                query = query.where(SqlRun.status == RunStatus.RUNNING.value)
+            elif running_only:
+                # the experiment's RUNNING runs first (a scan of its runs), then their tags by
+                # run id: without furcate's index sqlite would otherwise read every
+                # fingerprint tag of the store, a slower scan
                 running = sa.select(SqlRun.run_uuid).where(
                     SqlRun.experiment_id == int(experiment_id),
                     SqlRun.status == RunStatus.RUNNING.value,

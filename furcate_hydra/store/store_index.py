@@ -24,7 +24,14 @@ from typing import Any
 
 from furcate_hydra.store.run_record import Tags
 
-__all__ = ["INDEXED_TAGS", "StoreIndex", "create_indexes", "drop_indexes", "store_indexes"]
+__all__ = [
+    "INDEXED_TAGS",
+    "StoreIndex",
+    "create_indexes",
+    "drop_indexes",
+    "store_indexes",
+    "tags_indexed",
+]
 
 # the tags whose values furcate's lookups and MLflow's search of one sweep match
 INDEXED_TAGS = (Tags.FINGERPRINT, Tags.PARENT_RUN)
@@ -66,6 +73,7 @@ def store_indexes(dialect: str) -> list[StoreIndex]:
 
 def create_indexes(engine: Any) -> list[str]:
     """Make the indexes on ``engine``'s store that it lacks; returns those made."""
+    _INDEXED.pop(str(engine.url), None)
     present = _present(engine)
     made = []
     # CONCURRENTLY runs outside a transaction
@@ -79,12 +87,29 @@ def create_indexes(engine: Any) -> list[str]:
 
 def drop_indexes(engine: Any) -> list[str]:
     """Drop every index furcate made on ``engine``'s store; returns those dropped."""
+    _INDEXED.pop(str(engine.url), None)
     dropped = []
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         for name in sorted(_present(engine)):
             connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
             dropped.append(name)
     return dropped
+
+
+def tags_indexed(engine: Any) -> bool:
+    """Whether ``engine``'s store has furcate's indexes, as the process first saw it (asked
+    once per store: an index made while a launcher runs serves its next start)."""
+    url = str(engine.url)
+    if url not in _INDEXED:
+        try:
+            wanted = {index.name for index in store_indexes(engine.dialect.name)}
+        except ValueError:
+            wanted = set()
+        _INDEXED[url] = bool(wanted) and wanted <= _present(engine)
+    return _INDEXED[url]
+
+
+_INDEXED: dict[str, bool] = {}
 
 
 def _present(engine: Any) -> set[str]:
