@@ -198,7 +198,7 @@ def storages(kind: str, folder: Path) -> Iterator[str]:
     if kind == "sqlite":
         yield f"sqlite:///{folder / 'optuna.db'}"
         return
-    cluster = Cluster(folder / "postgres")
+    cluster = Cluster(folder)  # folder: a child of the temp dir, which the server may pass
     with cluster.running():
         cluster.psql("postgres", "CREATE DATABASE optuna")
         yield cluster.url("optuna")
@@ -251,7 +251,8 @@ def main() -> None:
     others, cpu = OthersCpu(), time.process_time()
     runs = bench(args)
     figures = {"runs": runs, "others_cpu_share": others.share(time.process_time() - cpu)}
-    publish("optuna_scale", at_start, figures, show)
+    name = "_".join(["optuna_scale", *args.storages])
+    publish(name, at_start, figures, show)
 
 
 if __name__ == "__main__":

@@ -281,7 +281,8 @@ def _writer(uri: str) -> Iterator[Callable[[str, list[dict[str, Any]]], None]]:
             return
         names = list(rows[0])
         buffer = io.StringIO()
-        out = csv.writer(buffer)
+        # quoted strings: an unquoted empty field is NULL to COPY, and MLflow's "" is not
+        out = csv.writer(buffer, quoting=csv.QUOTE_NONNUMERIC)
         out.writerows([row[name] for name in names] for row in rows)
         buffer.seek(0)
         raw: Any = engine.raw_connection()
