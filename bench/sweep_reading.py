@@ -5,7 +5,7 @@
                                         oom_backoffs (jobs_per_gpu=auto; absent otherwise)
     <job dir>/trace.csv             ──► the job's NVML peak (gpu_mem_mb)
     <job dir>/attempts.jsonl        ──► each attempt of the job as the app saw it (start, end,
-                                        "ok" or "oom"): written by the GPU apps themselves
+                                        "ok" or "oom"): the GPU apps write it (record_attempt)
 
 Paths come from ``furcate_hydra.layout``, but ``gpu_packing.json`` and ``attempts.jsonl``,
 which are named here.
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ __all__ = [
     "read_attempts",
     "read_job_runs",
     "read_packing",
+    "record_attempt",
     "trace_peak_mib",
 ]
 
@@ -105,6 +108,18 @@ def read_attempts(job_dir: Path) -> list[Attempt]:
         Attempt(int(r["pid"]), float(r["started_at"]), float(r["ended_at"]), str(r["outcome"]))
         for r in records
     ]
+
+
+def record_attempt(job_dir: Path, started_at: float, outcome: str) -> None:
+    """Append one attempt of the job running in ``job_dir`` (its task's start, now as its end)
+    to its attempts.jsonl: called by the GPU apps in the job's process."""
+    line = {"pid": os.getpid(), "started_at": started_at, "ended_at": time.time()}
+    # one write of one line to a file opened for appending: a reader never sees half of it
+    fd = os.open(job_dir / ATTEMPTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        os.write(fd, (json.dumps({**line, "outcome": outcome}) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def trace_peak_mib(job_dir: Path) -> float | None:

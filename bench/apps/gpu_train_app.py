@@ -34,6 +34,8 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset
 
+from bench.sweep_reading import record_attempt
+
 try:
     import lightning.pytorch as pl
 except ImportError:  # only the older package name installed
@@ -148,15 +150,6 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def _append(path: Path, record: dict[str, Any]) -> None:
-    # one write of one line to a file opened for appending: a reader never sees half of it
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-    try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
 def train(cfg: DictConfig) -> dict[str, Any]:
     torch.manual_seed(int(cfg.seed))
     torch.set_float32_matmul_precision("high")
@@ -204,13 +197,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="conf", config_name="gpu_train")
 def main(cfg: DictConfig) -> dict[str, Any]:
     out = Path(HydraConfig.get().runtime.output_dir)
-    attempt = {"pid": os.getpid(), "started_at": time.time()}
+    started = time.time()
     try:
         info = train(cfg)
     except torch.cuda.OutOfMemoryError:
-        _append(out / "attempts.jsonl", {**attempt, "ended_at": time.time(), "outcome": "oom"})
+        record_attempt(out, started, "oom")
         raise  # as a user's job fails: the launcher decides what follows
-    _append(out / "attempts.jsonl", {**attempt, "ended_at": time.time(), "outcome": "ok"})
+    record_attempt(out, started, "ok")
     (out / "bench.json.tmp").write_text(json.dumps(info, indent=2))
     (out / "bench.json.tmp").replace(out / "bench.json")
     return info
