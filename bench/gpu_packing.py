@@ -29,6 +29,7 @@ run at 8 per GPU and at auto. Figures per case:
 For auto, gpu_packing.json's ``max_reached`` beside the fixed count with the best sweep
 samples/s. The GPU (nvidia-smi: name, driver, memory), torch and its CUDA are recorded.
 
+A one-job sweep runs first and is not counted (the machine's first CUDA context, cold pages).
 ``--cpu-dry-run`` proves the harness without a GPU: CPU slots (``gpus=[]``, ``max_workers``
 for the count; ``jobs_per_gpu`` and ``mps`` are not passed), tiny models, 1 s jobs.
 
@@ -150,7 +151,7 @@ def overrides(case: Case, s: Settings, sweep_dir: Path, store: Path) -> list[str
 def run_case(case: Case, s: Settings, root: Path, template: Path, timeout: float) -> dict[str, Any]:
     """Run one sweep through the CLI, then read what it left."""
     where = root / case.name
-    where.mkdir()
+    where.mkdir(parents=True)
     store = where / "mlflow.db"
     shutil.copyfile(template, store)
     sweep_dir = where / "sweep"
@@ -183,17 +184,25 @@ def run_case(case: Case, s: Settings, root: Path, template: Path, timeout: float
 
 def wait_or_stop(process: subprocess.Popen[bytes], timeout: float) -> int | None:
     """The exit code; None where the sweep outran ``timeout`` and was stopped (Ctrl-C, as a
-    user would: the launcher stops its jobs and its MPS daemon, then a kill after 30 s)."""
+    user would: the launcher stops its jobs and its MPS daemon; a kill 30 s later). A Ctrl-C
+    of the bench stops the sweep (in a session of its own, it does not get it) the same way."""
     try:
         return process.wait(timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop(process)
         return None
+    except KeyboardInterrupt:
+        stop(process)
+        raise
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def read_case(sweep_dir: Path) -> dict[str, Any]:
@@ -377,7 +386,8 @@ def report(results: dict[str, Any]) -> str:
         lines.append(f"auto, {model}: {json.dumps(auto)}\n")
     if results.get("not_run"):
         lines.append(
-            f"not run (budget of {results['settings']['budget_s']} s spent): {results['not_run']}\n"
+            f"not run (the budget of {results['settings']['budget_s']} s spent, or a Ctrl-C): "
+            f"{results['not_run']}\n"
         )
     return "\n".join(lines)
 
@@ -433,12 +443,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="furcate-gpu-bench-") as tmp:
         root = Path(tmp)
         empty_store(root / "template.db")
+        # one short job first, not counted: the first CUDA context on a machine (the driver
+        # loading, no persistence mode) and cold library pages would fall on the anchor alone
+        warm_up = Case(cases[0].model, "1", "off", 1)
+        short = replace(s, train_seconds=1.0)
+        results["warm_up"] = run_case(warm_up, short, root / "warm-up", root / "template.db", 120)
         for i, case in enumerate(cases):
             left = s.budget_s - (time.monotonic() - began)
             if left <= 0:
                 results["not_run"] = [c.name for c in cases[i:]]
                 break
-            figures = run_case(case, s, root, root / "template.db", max(60.0, left + 90.0))
+            try:
+                figures = run_case(case, s, root, root / "template.db", max(60.0, left + 90.0))
+            except KeyboardInterrupt:  # its sweep stopped: keep what the others measured
+                results["not_run"] = [c.name for c in cases[i:]]
+                break
             results["cases"].append(figures)
             write(args.out, results)  # each case as it ends: a cut-off run keeps what it measured
             print(
