@@ -33,6 +33,7 @@ tests() {
     timeout -k 20 480 python3 -m pytest -m gpu -p no:cacheprovider -q -x -rs \
         --junitxml "$OUT/gpu-tests.xml" \
         tests/test_gpu_real.py tests/test_gpu_slots.py tests/test_devices.py \
+        tests/test_resource_trace.py \
         2>&1 | tee "$OUT/gpu-tests.log"
 }
 
