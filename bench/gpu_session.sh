@@ -29,11 +29,12 @@ tests() {
         echo "nvidia-cuda-mps-control: $(command -v nvidia-cuda-mps-control || echo 'not on PATH')"
         python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'
     } 2>&1 | tee "$OUT/nvidia-smi.txt"
-    # -x: the first failure stops the run (its log says which); the bench runs either way
+    # -x: the first failure stops the run (its log says which), so the older gpu tests go
+    # first and the new features' last; the bench runs either way
     timeout -k 20 480 python3 -m pytest -m gpu -p no:cacheprovider -q -x -rs \
         --junitxml "$OUT/gpu-tests.xml" \
-        tests/test_gpu_real.py tests/test_gpu_slots.py tests/test_devices.py \
-        tests/test_resource_trace.py \
+        tests/test_devices.py tests/test_resource_trace.py tests/test_gpu_slots.py \
+        tests/test_gpu_real.py \
         2>&1 | tee "$OUT/gpu-tests.log"
 }
 

@@ -1,14 +1,15 @@
 """What a finished sweep left on disk, as the GPU packing bench and the real-GPU tests read it.
 
     <sweep dir>/run_data.csv        ──► JobRun per job: status, start and end, job dir
-    <sweep dir>/gpu_packing.json    ──► per GPU: jobs_at_a_time, max_reached, peak_gib_per_job,
-                                        oom_backoffs (jobs_per_gpu=auto; absent otherwise)
+    <sweep dir>/gpu_packing.json    ──► "gpus", per GPU: jobs_at_a_time, max_reached,
+                                        peak_gib_per_job, budget_gib, oom_backoffs
+                                        (jobs_per_gpu=auto; absent otherwise)
     <job dir>/trace.csv             ──► the job's NVML peak (gpu_mem_mb)
     <job dir>/attempts.jsonl        ──► each attempt of the job as the app saw it (start, end,
                                         "ok" or "oom"): the GPU apps write it (record_attempt)
 
-Paths come from ``furcate_hydra.layout``, but ``gpu_packing.json`` and ``attempts.jsonl``,
-which are named here.
+Paths come from ``furcate_hydra.layout``, but ``attempts.jsonl``, which the apps write and
+which is named here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from furcate_hydra.tracing.samples import read_trace
 
 __all__ = [
     "ATTEMPTS",
-    "GPU_PACKING",
     "Attempt",
     "JobRun",
     "at_a_time",
@@ -39,7 +39,6 @@ __all__ = [
     "trace_peak_mib",
 ]
 
-GPU_PACKING = "gpu_packing.json"
 ATTEMPTS = "attempts.jsonl"
 
 
@@ -86,15 +85,15 @@ def read_job_runs(sweep_dir: Path) -> list[JobRun]:
 
 
 def read_packing(sweep_dir: Path) -> dict[str, dict[str, Any]] | None:
-    """``gpu_packing.json`` as {GPU id: its figures}, or None where the sweep wrote none. A
-    file holding {"gpus": {...}} is read as well as the bare mapping."""
-    path = sweep_dir / GPU_PACKING
+    """``gpu_packing.json``'s GPUs, {GPU id: its figures}, or None where the sweep wrote none
+    (no ``jobs_per_gpu=auto``)."""
+    path = SweepPaths.of(sweep_dir).gpu_packing
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    gpus = data.get("gpus", data) if isinstance(data, dict) else None
+    gpus = data.get("gpus") if isinstance(data, dict) else None
     if not isinstance(gpus, dict):
-        raise ValueError(f"{path}: expected an object of GPUs, got {type(data).__name__}")
+        raise ValueError(f"{path}: expected an object with gpus: {{<GPU id>: ...}}, got {data!r}")
     return {str(gpu): dict(figures) for gpu, figures in gpus.items()}
 
 

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from bench.sweep_reading import (
     trace_peak_mib,
 )
 from furcate_hydra.execution.devices import NvmlProbe
+from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
 from tests.conftest import APPS, run_cli
 from tests.process_helpers import still_alive
 
@@ -42,7 +44,11 @@ pytestmark = [
     pytest.mark.usefixtures("mlflow_store"),
 ]
 
-AUTO = ["hydra.launcher.jobs_per_gpu=auto"]
+LAUNCHER_OPTIONS = {f.name for f in fields(FurcateLauncherConf)}
+# auto on its own; MPS (hydra.launcher.mps=auto would start it here) is tested apart
+AUTO = ["hydra.launcher.jobs_per_gpu=auto"] + (
+    ["hydra.launcher.mps=off"] if "mps" in LAUNCHER_OPTIONS else []
+)
 MPS_PROCESSES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 
 
@@ -168,6 +174,7 @@ def mps_processes() -> list[psutil.Process]:
 
 
 def test_mps_on_serves_jobs_sharing_a_gpu_and_stops_with_the_sweep(tmp_path: Path) -> None:
+    assert "mps" in LAUNCHER_OPTIONS, "hydra.launcher.mps is not an option of this launcher"
     if shutil.which("nvidia-cuda-mps-control") is None:
         pytest.skip("nvidia-cuda-mps-control is not on PATH: the driver's MPS tools are missing")
     running = [p.pid for p in mps_processes() if p.info["name"] == MPS_PROCESSES[0]]

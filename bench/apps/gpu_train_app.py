@@ -3,8 +3,11 @@ for ``train_seconds`` and writes ``bench.json`` into its output dir.
 
     model=mlp  an MLP, batches of 512 vectors (a job that leaves most of an H100 idle)
     model=cnn  a small CNN, batches of 256 images of 3x32x32
-    model=oom  the MLP, beside a block of ``oom_fraction`` of the GPU's total memory held for
-               the whole job: at 1/6, 5 jobs fit on a GPU and 8 do not
+    model=oom  the MLP, which after ``oom_after_s`` s of training takes a block of
+               ``oom_fraction`` of the GPU's total memory and holds it to its end: at 1/6, 5
+               jobs fit on a GPU and 8 do not. Its memory grows late on purpose:
+               ``jobs_per_gpu=auto`` learns the small peak first and opens slots, then the
+               jobs outgrow them and it has to back off
 
 Batches are drawn on the job's device from a generator seeded by ``seed``, so no data loading
 competes for the CPU. ``bench.json``: samples trained, seconds of training (from the first
@@ -105,6 +108,23 @@ class Budget(pl.Callback):
         self.ended = time.time()
 
 
+class BlockAfter(pl.Callback):
+    """After ``seconds`` of training, takes ``fraction`` of the GPU's memory until the end."""
+
+    def __init__(self, seconds: float, fraction: float) -> None:
+        self.seconds = seconds
+        self.fraction = fraction
+        self.began = 0.0
+        self.block: Tensor | None = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.began = time.time()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self.block is None and time.time() - self.began >= self.seconds:
+            self.block = hold_block(self.fraction)
+
+
 def build(model: str, tiny: bool, seed: int) -> Synthetic:
     """The model ``model`` names, at full size or (``tiny``) small enough for a CPU."""
     if model in ("mlp", "oom"):
@@ -137,10 +157,10 @@ def build(model: str, tiny: bool, seed: int) -> Synthetic:
     raise ValueError(f"model must be mlp, cnn or oom, but got {model=}")
 
 
-def hold_block(fraction: float) -> Tensor | None:
-    """``fraction`` of the GPU's total memory, allocated and written (None without CUDA)."""
+def hold_block(fraction: float) -> Tensor:
+    """``fraction`` of the GPU's total memory, allocated and written (1 MiB without CUDA)."""
     if not torch.cuda.is_available():
-        return None
+        return torch.ones(MIB, dtype=torch.uint8)
     size = int(torch.cuda.get_device_properties(0).total_memory * fraction)
     return torch.empty(size, dtype=torch.uint8, device="cuda").fill_(1)
 
@@ -153,16 +173,16 @@ def _synchronize() -> None:
 def train(cfg: DictConfig) -> dict[str, Any]:
     torch.manual_seed(int(cfg.seed))
     torch.set_float32_matmul_precision("high")
-    block = hold_block(float(cfg.oom_fraction)) if cfg.model == "oom" else None
     model = build(str(cfg.model), bool(cfg.tiny), int(cfg.seed))
     budget = Budget(float(cfg.train_seconds), model.batch_size)
+    grow = BlockAfter(float(cfg.oom_after_s), float(cfg.oom_fraction))
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     trainer = pl.Trainer(
         accelerator="gpu" if torch.cuda.is_available() else "cpu",
         devices=1,
         max_epochs=1,
         max_steps=int(cfg.max_steps),
-        callbacks=[budget],
+        callbacks=[budget, grow] if cfg.model == "oom" else [budget],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -184,7 +204,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "max_memory_reserved_mib": round(torch.cuda.max_memory_reserved() / MIB, 1)
         if cuda
         else None,
-        "block_mib": None if block is None else round(block.numel() / MIB, 1),
+        "block_mib": None if grow.block is None else round(grow.block.numel() / MIB, 1),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
