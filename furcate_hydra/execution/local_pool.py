@@ -319,13 +319,8 @@ class LocalTransport(Transport):
         """A fault MPS logged takes down the jobs sharing its GPU: say so, never silently."""
         if self._mps is None:
             return
-        for line in self._mps.faults():
-            log.warning(
-                "furcate: the MPS server reported a fault; the jobs sharing its GPU may have "
-                "failed with it (logs: %s): %s",
-                self._mps.log_dir,
-                line,
-            )
+        for line in self._mps.faults():  # each says where, and which jobs it may have taken
+            log.warning("%s", line)
 
     def _read_report(self, job: Job) -> ChildReport | None:
         path = self._result_path(job)
