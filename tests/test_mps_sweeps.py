@@ -70,22 +70,6 @@ def test_several_jobs_per_gpu_run_under_a_daemon_the_sweep_starts_and_stops(
     assert not (pipe / "control").exists()
 
 
-def test_mps_off_leaves_jobs_time_slicing(tmp_path: Path, env: dict[str, str]) -> None:
-    code, out = sweep(
-        tmp_path,
-        env,
-        "x=0,1",
-        "steps=[[0.5,0.2]]",
-        "hydra.launcher.jobs_per_gpu=2",
-        "hydra.launcher.gpus=[1]",
-        "hydra.launcher.mps=off",
-    )
-    assert code == 0, out
-    assert "MPS" not in out
-    for line in (tmp_path / "nvml" / "events.log").read_text().splitlines():
-        assert line.split()[2] == "1" and line.split()[5] == "none"
-
-
 def test_mps_on_where_it_cannot_run_stops_before_any_job(tmp_path: Path) -> None:
     environ = fake_gpus(tmp_path, 8)
     environ["PATH"] = str(Path(sys.executable).parent)  # no nvidia-cuda-mps-control there
