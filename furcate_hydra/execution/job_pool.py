@@ -2,13 +2,15 @@
 
     submit(job) ──► queue ──► transport.has_room()? ──► place(job) ──► held
                       ▲                                                 │ poll(): Started
-                      │ RETRYING (crashed, retries left)                │ ──► STARTED
+                      │ RETRYING (crashed, retries left; or out of GPU  │ ──► STARTED
+                      │   memory beside others, jobs_per_gpu=auto)      │
                       │ PREEMPTED (stopped from outside, limit left)    │ poll(): Ended
                       └──────────────────────────────────── policy ◄────┘
     wait_any() ◄── done ◄── ENDED: COMPLETED, FAILED, CRASHED, CANCELLED, PREEMPTED, LOST
 
 The pool owns the queue, the jobs held by the transport, the cancelled keys, the broken
-state, the retry / preemption / crash policy, progress polling and the events; a transport
+state, the retry / preemption / crash / out-of-memory policy (``GpuPacking`` judges the
+last), progress polling and the events; a transport
 (``execution.transport``) only places jobs on slots and reports what became of them. Keeps the
 ``Executor`` contract (``execution.executor``). Nothing here imports Hydra.
 """
