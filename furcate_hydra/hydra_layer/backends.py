@@ -6,6 +6,7 @@ LauncherOptions.backend ── local ─► plan_slots (this machine)  ─► Lo
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import WarmContext
 from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
+from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.ray_backend.options import Backend, check_store_reachable
@@ -40,12 +42,13 @@ def plan_for(options: LauncherOptions) -> SlotPlan:
     return plan_ray_slots(options.slots, options.ray, ray)
 
 
-def gpu_packing(plan: SlotPlan, options: LauncherOptions) -> GpuPacking | None:
+def gpu_packing(plan: SlotPlan, options: SlotOptions) -> GpuPacking | None:
     """What opens each GPU's slots under ``jobs_per_gpu=auto`` (local only); None otherwise."""
     if plan.packing is None:
         return None
-    margin = int(options.slots.gpu_mem_margin_gb * GIB)
-    return GpuPacking(plan.packing, options.slots.max_jobs_per_gpu, margin)
+    margin = int(options.gpu_mem_margin_gb * GIB)
+    slots = Counter(slot.device for slot in plan.slots if slot.device is not None)
+    return GpuPacking(plan.packing, slots, margin)
 
 
 def start_executor(

@@ -94,7 +94,7 @@ class LaunchSession:
             raise as_option_error(exc) from None
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
-        self.packing = gpu_packing(plan, options)  # None unless jobs_per_gpu=auto
+        self.packing = gpu_packing(plan, options.slots)  # None unless jobs_per_gpu=auto
         slots = len(plan.slots) if self.packing is None else self.packing.open_slots()
         self.shown = SessionView(options.progress, slots, self.ledger.sweep.summary)
         self._warm = False
