@@ -273,3 +273,13 @@ def launch_jobs(
     finally:
         harness.close()
         sys.path.remove(str(APPS))
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Any]:
+    """A real single-node Slurm with four fake GPUs, for the tests of one module (skipped,
+    saying why, where Slurm or root is missing); see tests/slurm_cluster.py."""
+    from tests.slurm_cluster import slurm_cluster
+
+    with slurm_cluster() as cluster:
+        yield cluster
