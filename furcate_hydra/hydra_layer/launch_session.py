@@ -369,7 +369,7 @@ def log_preempted(slurm: SlurmSession, stopped: int, requeued: bool) -> None:
         else "not requeued: run the same command (sbatch the script again) to resume them"
     )
     log.warning(
-        "furcate: %s reached its time limit (SIGUSR1): %d job%s saved a checkpoint and were "
+        "furcate: %s reached its time limit (SIGUSR1): %d job%s stopped at a checkpoint and "
         "recorded preempted; %s",
         slurm.job.describe(),
         stopped,
