@@ -269,7 +269,8 @@ class Postgres:
     port: int
 
     def url(self, database: str) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+        # psycopg2 named: SQLAlchemy 2.1 takes a bare postgresql:// for psycopg 3
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
 
     def create_database(self, name: str) -> str:
         _as_postgres([str(_pg_bin("createdb")), "-h", "127.0.0.1", "-p", str(self.port), name])

@@ -35,6 +35,7 @@ def test_the_slots_are_the_allocations_gpus_and_cores(
         "sleep=1",
         f"hydra.sweep.dir={sweep}",
         "hydra.launcher.progress=plain",
+        setup=(f"export MLFLOW_TRACKING_URI={mlflow_store}",),
     )
     out = tmp_path / "slurm.out"
     job = slurm.sbatch(

@@ -70,6 +70,7 @@ def test_time_limit_saves_requeues_and_the_requeued_job_resumes(
         "pause_s=0,3",
         f"hydra.sweep.dir={sweep}",  # the requeued run finds its jobs' dirs where they were
         "hydra.launcher.progress=plain",
+        setup=(f"export MLFLOW_TRACKING_URI={mlflow_store}",),
     )
     out = tmp_path / "slurm.out"
     started = time.time()
