@@ -112,10 +112,10 @@ class SlurmCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _config(root: Path, node: str, ctld_port: int, slurmd_port: int) -> str:
+def _config(root: Path, host: str, node: str, ctld_port: int, slurmd_port: int) -> str:
     return f"""\
 ClusterName=furcatetest
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -201,7 +201,9 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     # socket; a short path, since a unix socket's path has at most 107 bytes
     root = Path(tempfile.mkdtemp(prefix="furcate-slurm-"))
     root.chmod(0o755)
-    node = socket.gethostname().split(".")[0]  # slurmd finds its node by the short name
+    # a node named unlike this machine, as on a real cluster (slurmd -N says which it is):
+    # what runs there must not take this machine's disk for the node's
+    host, node = socket.gethostname().split(".")[0], "furcate-node0"
     for sub in ("state", "spool", "log", "munge", "dev"):
         (root / sub).mkdir()
     shutil.chown(root / "munge", "munge", "munge")
@@ -209,7 +211,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     for i in range(GPUS):
         os.mknod(root / "dev" / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, node, free_port(), free_port()))
+    conf.write_text(_config(root, host, node, free_port(), free_port()))
     (root / "gres.conf").write_text(
         f"AutoDetect=off\nNodeName={node} Name=gpu File={root}/dev/nvidia[0-{GPUS - 1}]\n"
     )
@@ -229,8 +231,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             check=True, timeout=30, capture_output=True,
         )  # fmt: skip
         cluster.pids["munged"] = int((munge / "munged.pid").read_text())
-        for daemon in ("slurmctld", "slurmd"):
-            command = [_which(daemon) or daemon, "-D", "-f", str(conf)]
+        for daemon, more in (("slurmctld", []), ("slurmd", ["-N", node])):
+            command = [_which(daemon) or daemon, "-D", "-f", str(conf), *more]
             cluster.pids[daemon] = _start(command, root / "log" / f"{daemon}.out", env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False).strip() != "idle":
