@@ -283,3 +283,23 @@ def slurm() -> Iterator[Any]:
 
     with slurm_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Any]:
+    """A real PostgreSQL on loopback for the tests of one module (tests/slurm_cluster.py)."""
+    from tests.slurm_cluster import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_mlflow(postgres: Any, tmp_path: Path) -> Iterator[Any]:
+    """An ``mlflow server`` on loopback backed by a database of its own in ``postgres``."""
+    from tests.test_store_server import mlflow_server
+
+    (tmp_path / "server").mkdir()
+    database = postgres.create_database(f"mlflow_{tmp_path.name.lower()[-20:]}")
+    with mlflow_server(tmp_path / "server", database) as running:
+        yield running

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -329,6 +330,40 @@ def job_script(path: Path, *command: str, setup: tuple[str, ...] = ()) -> Path:
     path.write_text("#!/bin/bash\n" + "".join(f"{line}\n" for line in setup) + f"exec {quoted}\n")
     path.chmod(0o755)
     return path
+
+
+def sweep_script(tmp_path: Path, app: Path, tracking_uri: str, *overrides: str) -> Path:
+    """tmp_path/job.sh: ``exec python <app> -m <overrides>``, plain progress lines, recording
+    into ``tracking_uri`` (the script exports it: sbatch passes on the environment of the
+    submitter, which is the cluster's, made when the cluster started)."""
+    return job_script(
+        tmp_path / "job.sh",
+        sys.executable,
+        str(app),
+        "-m",
+        *overrides,
+        "hydra.launcher.progress=plain",
+        setup=(f"export MLFLOW_TRACKING_URI={tracking_uri}",),
+    )
+
+
+# each array task's launcher writes its own sweep dir (Hydra resolves the variable)
+ARRAY_SWEEP_DIR = "multirun/${oc.env:SLURM_ARRAY_TASK_ID}"
+
+
+def run_array(cluster: SlurmCluster, tmp_path: Path, script: Path, tasks: int) -> str:
+    """``sbatch --array=0-<tasks-1> --gres=gpu:1 --cpus-per-task=1 script`` in tmp_path (its
+    tasks' output in slurm-<job>_<task>.out there), until no task is left; the job id."""
+    job = cluster.sbatch(
+        f"--array=0-{tasks - 1}",
+        "--gres=gpu:1",
+        "--cpus-per-task=1",
+        f"--output={tmp_path}/slurm-%A_%a.out",
+        f"--chdir={tmp_path}",
+        str(script),
+    )
+    wait_until(lambda: not any(line.startswith(job) for line in cluster.queue()), "the array", 280)
+    return job
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float) -> None:

@@ -7,14 +7,13 @@ of them, so the sweep's allocation gets GPUs 2 and 3: node-wide ids, not renumbe
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from furcate_hydra.store import Tags
 from tests.conftest import APPS
-from tests.slurm_cluster import SlurmCluster, job_script, wait_until
+from tests.slurm_cluster import SlurmCluster, sweep_script, wait_until
 from tests.store_helpers import job_runs, sweep_runs
 
 pytestmark = pytest.mark.slurm
@@ -26,17 +25,10 @@ def test_the_slots_are_the_allocations_gpus_and_cores(
     blocker = slurm.sbatch("--gres=gpu:2", "--cpus-per-task=1", "--wrap", "sleep 300")
     wait_until(lambda: slurm.job_state(blocker).get("JobState") == "RUNNING", "the blocker", 30)
     sweep = tmp_path / "sweep"
-    script = job_script(
-        tmp_path / "job.sh",
-        sys.executable,
-        str(APPS / "probe_app.py"),
-        "-m",
-        "+i=0,1,2,3",
-        "sleep=1",
+    script = sweep_script(
+        tmp_path, APPS / "probe_app.py", mlflow_store, "+i=0,1,2,3", "sleep=1",
         f"hydra.sweep.dir={sweep}",
-        "hydra.launcher.progress=plain",
-        setup=(f"export MLFLOW_TRACKING_URI={mlflow_store}",),
-    )
+    )  # fmt: skip
     out = tmp_path / "slurm.out"
     job = slurm.sbatch(
         "--gres=gpu:2", "--cpus-per-task=2", f"--output={out}", f"--chdir={tmp_path}", str(script)

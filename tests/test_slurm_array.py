@@ -12,16 +12,15 @@ import collections
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from furcate_hydra.store import Tags
 from tests.conftest import APPS
-from tests.slurm_cluster import Postgres, SlurmCluster, job_script, postgres_server, wait_until
+from tests.slurm_cluster import ARRAY_SWEEP_DIR, SlurmCluster, run_array, sweep_script
 from tests.store_helpers import job_runs
-from tests.test_store_server import Server, mlflow_server
+from tests.test_store_server import Server
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -29,54 +28,22 @@ CONFIGS = 12
 TASKS = 4
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    with postgres_server() as server:
-        yield server
-
-
-@pytest.fixture
-def server(postgres: Postgres, tmp_path: Path) -> Iterator[Server]:
-    (tmp_path / "server").mkdir()
-    database = postgres.create_database(f"mlflow_{tmp_path.name.lower()[-20:]}")
-    with mlflow_server(tmp_path / "server", database) as running:
-        yield running
-
-
-def wait_for_array(slurm: SlurmCluster, job: str, timeout_s: float) -> None:
-    wait_until(
-        lambda: not any(line.startswith(job) for line in slurm.queue()), "the array", timeout_s
-    )
-
-
 def test_an_array_of_launchers_runs_each_config_once(
-    slurm: SlurmCluster, tmp_path: Path, server: Server
+    slurm: SlurmCluster, tmp_path: Path, pg_mlflow: Server
 ) -> None:
-    script = job_script(
-        tmp_path / "job.sh",
-        sys.executable,
-        str(APPS / "probe_app.py"),
-        "-m",
+    script = sweep_script(
+        tmp_path,
+        APPS / "probe_app.py",
+        pg_mlflow.url,
         "+i=" + ",".join(map(str, range(CONFIGS))),
         "sleep=2",
         # furcate's grid sweeper hands a launcher a config per free slot (Hydra's basic one
         # hands it the whole grid, all claimed by the first launcher to look)
         "hydra/sweeper=furcate",
-        # one sweep dir per launcher: a config held by another launcher gets a dir here too,
-        # naming the run that ran it
-        f"hydra.sweep.dir={tmp_path}/multirun/${{oc.env:SLURM_ARRAY_TASK_ID}}",
-        "hydra.launcher.progress=plain",
-        setup=(f"export MLFLOW_TRACKING_URI={server.url}",),
+        # a config held by another launcher gets a dir in each, naming the run that ran it
+        f"hydra.sweep.dir={tmp_path}/{ARRAY_SWEEP_DIR}",
     )
-    job = slurm.sbatch(
-        f"--array=0-{TASKS - 1}",
-        "--gres=gpu:1",
-        "--cpus-per-task=1",
-        f"--output={tmp_path}/slurm-%A_%a.out",
-        f"--chdir={tmp_path}",
-        str(script),
-    )
-    wait_for_array(slurm, job, 240)
+    job = run_array(slurm, tmp_path, script, TASKS)
     logs = {p.name: p.read_text() for p in tmp_path.glob("slurm-*.out")}
     assert len(logs) == TASKS, logs
 
@@ -85,7 +52,7 @@ def test_an_array_of_launchers_runs_each_config_once(
     )
     assert ran == dict.fromkeys(range(CONFIGS), 1), (ran, logs)  # each config once
 
-    runs = [r for r in job_runs(server.url) if r.info.status == "FINISHED"]
+    runs = [r for r in job_runs(pg_mlflow.url) if r.info.status == "FINISHED"]
     assert len(runs) == CONFIGS, logs
     assert len({r.data.tags[Tags.FINGERPRINT] for r in runs}) == CONFIGS
     tasks = collections.Counter(r.data.tags[Tags.SLURM_JOB] for r in runs)
@@ -99,7 +66,7 @@ def test_an_array_of_launchers_runs_each_config_once(
         capture_output=True,
         text=True,
         timeout=120,
-        env={**slurm.env, "MLFLOW_TRACKING_URI": server.url},
+        env={**slurm.env, "MLFLOW_TRACKING_URI": pg_mlflow.url},
         check=False,
     )
     assert status.returncode == 0, status.stderr

@@ -9,8 +9,6 @@ of every launcher.
 from __future__ import annotations
 
 import collections
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -20,9 +18,8 @@ from optuna.trial import TrialState
 from furcate_hydra.store import Tags
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialTags
 from tests.conftest import REPO
-from tests.slurm_cluster import Postgres, SlurmCluster, job_script, postgres_server
+from tests.slurm_cluster import ARRAY_SWEEP_DIR, Postgres, SlurmCluster, run_array, sweep_script
 from tests.store_helpers import job_runs
-from tests.test_slurm_array import wait_for_array
 from tests.test_store_server import Server, mlflow_server
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -33,19 +30,13 @@ N_TRIALS = 8
 EPOCHS = 4
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    with postgres_server() as server:
-        yield server
-
-
 def test_launchers_of_an_array_share_one_study(
     slurm: SlurmCluster, tmp_path: Path, postgres: Postgres
 ) -> None:
     (tmp_path / "server").mkdir()
     storage = postgres.create_database("optuna")
     with mlflow_server(tmp_path / "server", postgres.create_database("mlflow")) as server:
-        job = run_array(slurm, tmp_path, server, storage)
+        job = submit_study(slurm, tmp_path, server, storage)
         runs = {int(r.data.tags[TrialTags.NUMBER]): r for r in job_runs(server.url)}
 
     study = optuna.load_study(study_name="optuna_pruning", storage=storage)
@@ -82,29 +73,17 @@ def test_launchers_of_an_array_share_one_study(
     print(f"\ntrials per launcher: {collections.Counter(ran_in.values())}; {dict(states)}")
 
 
-def run_array(slurm: SlurmCluster, tmp_path: Path, server: Server, storage: str) -> str:
-    script = job_script(
-        tmp_path / "job.sh",
-        sys.executable,
-        str(EXAMPLE),
-        "-m",
+def submit_study(slurm: SlurmCluster, tmp_path: Path, server: Server, storage: str) -> str:
+    script = sweep_script(
+        tmp_path,
+        EXAMPLE,
+        server.url,
         f"hydra.sweeper.storage={storage}",
         f"hydra.sweeper.n_trials={N_TRIALS}",
         f"epochs={EPOCHS}",
         "hydra.sweeper.pruner.n_startup_trials=2",
         # one seed in every launcher would sample the same trials in each
         "hydra.sweeper.sampler.seed=null",
-        f"hydra.sweep.dir={tmp_path}/multirun/${{oc.env:SLURM_ARRAY_TASK_ID}}",
-        "hydra.launcher.progress=plain",
-        setup=(f"export MLFLOW_TRACKING_URI={server.url}",),
+        f"hydra.sweep.dir={tmp_path}/{ARRAY_SWEEP_DIR}",
     )
-    job = slurm.sbatch(
-        f"--array=0-{TASKS - 1}",
-        "--gres=gpu:1",
-        "--cpus-per-task=1",
-        f"--output={tmp_path}/slurm-%A_%a.out",
-        f"--chdir={tmp_path}",
-        str(script),
-    )
-    wait_for_array(slurm, job, 280)
-    return job
+    return run_array(slurm, tmp_path, script, TASKS)

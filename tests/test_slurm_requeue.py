@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import APPS
-from tests.slurm_cluster import SlurmCluster, job_script, wait_until
+from tests.slurm_cluster import SlurmCluster, sweep_script, wait_until
 from tests.store_helpers import job_runs, sweep_runs
+from tests.test_preemption_resume import by_pid, returned
 
 # ~1.5-2 minutes: Slurm checks time limits every 30 s
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -37,16 +36,6 @@ def executed(sweep: Path, job: str) -> list[dict[str, int]]:
     path = sweep / job / JobPaths.CHECKPOINTS / "executed.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     return [json.loads(line) for line in lines if line.endswith("}")]
-
-
-def by_pid(rows: list[dict[str, int]]) -> list[list[dict[str, int]]]:
-    pids = list(dict.fromkeys(row["pid"] for row in rows))
-    return [[row for row in rows if row["pid"] == pid] for pid in pids]
-
-
-def returned(run: Any) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(run.data.tags[Tags.RETURN_VALUE].removeprefix("json:"))
-    return value
 
 
 def stamp(log: str, text: str) -> float:
@@ -62,15 +51,9 @@ def test_time_limit_saves_requeues_and_the_requeued_job_resumes(
     slurm: SlurmCluster, tmp_path: Path, mlflow_store: str
 ) -> None:
     sweep = tmp_path / "sweep"
-    script = job_script(
-        tmp_path / "job.sh",
-        sys.executable,
-        str(APPS / "preempt_app.py"),
-        "-m",
-        "pause_s=0,3",
-        f"hydra.sweep.dir={sweep}",  # the requeued run finds its jobs' dirs where they were
-        "hydra.launcher.progress=plain",
-        setup=(f"export MLFLOW_TRACKING_URI={mlflow_store}",),
+    # the requeued run finds its jobs' dirs where they were: a fixed sweep dir
+    script = sweep_script(
+        tmp_path, APPS / "preempt_app.py", mlflow_store, "pause_s=0,3", f"hydra.sweep.dir={sweep}"
     )
     out = tmp_path / "slurm.out"
     started = time.time()

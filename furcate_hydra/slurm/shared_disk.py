@@ -39,14 +39,16 @@ NETWORK_FILE_SYSTEMS = frozenset(
 
 @dataclass(frozen=True)
 class DiskView:
-    """Where a path lives: its mount point and file system type."""
+    """Where a path lives: its mount point, its file system type, and whether that is one of
+    the network file systems (``NETWORK_FILE_SYSTEMS``)."""
 
     mount: str
-    fs_type: str
+    fs_type: str = "unknown"
+    networked: bool = False
 
-    @property
-    def networked(self) -> bool:
-        return self.fs_type in NETWORK_FILE_SYSTEMS
+    @classmethod
+    def of(cls, mount: str, fs_type: str) -> DiskView:
+        return cls(mount, fs_type, fs_type in NETWORK_FILE_SYSTEMS)
 
 
 def disk_of(path: Path, mounts: str | None = None) -> DiskView:
@@ -55,9 +57,9 @@ def disk_of(path: Path, mounts: str | None = None) -> DiskView:
         try:
             mounts = Path("/proc/mounts").read_text()
         except OSError:
-            return DiskView("/", "unknown")
+            return DiskView("/")
     target = os.path.realpath(path)
-    best = DiskView("/", "unknown")
+    best = DiskView("/")
     for line in mounts.splitlines():
         fields = line.split()
         if len(fields) < 3:
@@ -65,7 +67,7 @@ def disk_of(path: Path, mounts: str | None = None) -> DiskView:
         mount = fields[1].replace("\\040", " ")
         inside = target == mount or target.startswith(mount.rstrip("/") + "/")
         if inside and len(mount) >= len(best.mount):
-            best = DiskView(mount, fields[2])
+            best = DiskView.of(mount, fields[2])
     return best
 
 
