@@ -15,8 +15,8 @@ from omegaconf import ListConfig
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
-from furcate_hydra.execution.job_pool import PoolOptions
 from furcate_hydra.execution.mps import check_mps_mode
+from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_options import AUTO as AUTO_JOBS
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
