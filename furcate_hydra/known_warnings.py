@@ -67,3 +67,18 @@ def ignore_lightning_mid_epoch_resume() -> None:
         message=r"You're resuming from a checkpoint that ended before the epoch ended",
         module=r"(pytorch_lightning|lightning\.pytorch)\.loops\.training_epoch_loop$",
     )
+
+
+def ignore_lightning_srun_hint() -> None:
+    """Ignore Lightning's "the `srun` command is available on your system but is not used".
+
+    Lightning says so in every Trainer on a machine with Slurm installed, unless ``srun``
+    started the process: it takes each process for one task of a parallel job. A furcate job
+    is one process on its slot, which the launcher started inside its allocation (``srun``
+    would start one copy per task instead), so the hint is wrong for it.
+    """
+    warnings.filterwarnings(
+        "ignore",
+        message=r"The `srun` command is available on your system but is not used",
+        module=r"(lightning_fabric|lightning\.fabric)\.plugins\.environments\.slurm$",
+    )

@@ -273,3 +273,33 @@ def launch_jobs(
     finally:
         harness.close()
         sys.path.remove(str(APPS))
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Any]:
+    """A real single-node Slurm with four fake GPUs, for the tests of one module (skipped,
+    saying why, where Slurm or root is missing); see tests/slurm_cluster.py."""
+    from tests.slurm_cluster import slurm_cluster
+
+    with slurm_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Any]:
+    """A real PostgreSQL on loopback for the tests of one module (tests/slurm_cluster.py)."""
+    from tests.slurm_cluster import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_mlflow(postgres: Any, tmp_path: Path) -> Iterator[Any]:
+    """An ``mlflow server`` on loopback backed by a database of its own in ``postgres``."""
+    from tests.test_store_server import mlflow_server
+
+    (tmp_path / "server").mkdir()
+    database = postgres.create_database(f"mlflow_{tmp_path.name.lower()[-20:]}")
+    with mlflow_server(tmp_path / "server", database) as running:
+        yield running

@@ -47,6 +47,8 @@ RULES = (
         (*SHARED, "furcate_hydra.execution", "furcate_hydra.ray_backend"),
         (*HYDRA, *(name for name in HEAVY if name != "ray")),
     ),
+    # Slurm: the job a launcher runs in, its requeue, sbatch from a login node (as commands)
+    Rule("furcate_hydra/slurm", (*SHARED, "furcate_hydra.slurm"), (*HYDRA, *HEAVY)),
     Rule("furcate_hydra/sweeping", (*SHARED, "furcate_hydra.sweeping"), (*HYDRA, *HEAVY)),
     Rule(
         "furcate_hydra/monitor",
@@ -97,6 +99,7 @@ RULES = (
             "furcate_hydra.tuning",
             "furcate_hydra.tracing",
             "furcate_hydra.ray_backend",
+            "furcate_hydra.slurm",
             "furcate_hydra.scheduling",
             "furcate_hydra.hydra_layer",
             "furcate_hydra.lightning_auto",

@@ -6,7 +6,9 @@ import pytest
 
 from furcate_hydra.execution.gpu_packing import GIB, SETTLE_SAMPLES, GpuPacking
 from furcate_hydra.execution.slot_book import SlotBook
-from furcate_hydra.execution.slots import GpuStart, Slot
+from furcate_hydra.execution.slot_options import SlotOptions
+from furcate_hydra.execution.slots import GpuStart, Slot, plan_slots
+from furcate_hydra.hydra_layer.backends import gpu_packing
 
 MIB_PER_GIB = 1024
 
@@ -14,7 +16,9 @@ MIB_PER_GIB = 1024
 def packing(
     budget_gib: float = 10, start: int = 1, ceiling: int = 8, margin: float = 0.5
 ) -> GpuPacking:
-    return GpuPacking({"0": GpuStart(start, int(budget_gib * GIB))}, ceiling, int(margin * GIB))
+    return GpuPacking(
+        {"0": GpuStart(start, int(budget_gib * GIB))}, {"0": ceiling}, int(margin * GIB)
+    )
 
 
 def settle(p: GpuPacking, key: str, gib: float) -> None:
@@ -48,11 +52,12 @@ def test_a_running_job_counts_at_its_own_peak_when_it_is_larger() -> None:
     assert p.capacity("0") == 4  # c, d at 2, b at 5, one open at 2: no room for a fifth
 
 
-def test_the_ceiling_is_max_jobs_per_gpu() -> None:
-    p = packing(budget_gib=100, ceiling=3)
+def test_the_ceiling_is_the_gpu_s_slots() -> None:
+    p = packing(budget_gib=100, ceiling=3)  # max_jobs_per_gpu, or fewer under max_workers
     p.started("a", "0")
     settle(p, "a", 1)
     assert p.capacity("0") == 3
+    assert packing(start=5, ceiling=3).capacity("0") == 3  # gpu_mem_per_job_gb's count too
 
 
 def test_out_of_memory_beside_others_queues_again_and_closes_a_slot_for_good() -> None:
@@ -124,3 +129,36 @@ def test_the_slot_book_hands_out_only_open_slots(capacity: int) -> None:
         book.hold(str(i), slot)
     caps["0"] = capacity + 1  # the GPU opened one more
     assert book.free == 1 and book.take_free().device == "0"
+
+
+class _Probe:
+    """Two GPUs of 16 GiB, all of it free."""
+
+    def device_ids(self) -> list[str]:
+        return ["0", "1"]
+
+    def installed(self) -> None:
+        return None
+
+    def free_memory_bytes(self, device_id: str) -> int:
+        return 16 * GIB
+
+
+def test_auto_opens_no_more_slots_than_max_workers_left_a_gpu() -> None:
+    options = SlotOptions(
+        gpus=None,
+        jobs_per_gpu="auto",
+        gpu_mem_per_job_gb=None,
+        max_jobs_per_gpu=4,
+        max_workers=3,
+        cpus_per_job=None,
+        allow_cpu=True,
+    )
+    plan = plan_slots(options, environ={}, probe=_Probe(), available_cpus=[0, 1])
+    assert [slot.device for slot in plan.slots] == ["0", "1", "0"]  # interleaved, capped
+    p = gpu_packing(plan, options)
+    assert p is not None and p.open_slots() == 2
+    p.started("a", "0")
+    settle(p, "a", 1)  # 16 GiB would take many: GPU 0 has 2 slots, GPU 1 one
+    assert (p.capacity("0"), p.capacity("1")) == (2, 1)
+    assert "jobs_per_gpu=auto: 1 at first, up to 2/1" in plan.describe()

@@ -21,7 +21,8 @@ from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
 from furcate_hydra.execution.forkserver.protocol import ChildReport
 from furcate_hydra.execution.job import Job, JobState
-from furcate_hydra.execution.job_pool import JobPool, PoolOptions
+from furcate_hydra.execution.job_pool import JobPool
+from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slots import Slot
 from furcate_hydra.execution.transport import (
     Broken,

@@ -62,7 +62,7 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
     ),
     ({"rerun": "sometimes"}, {}, "hydra.launcher.rerun", "'sometimes'"),
     ({"lightning": "maybe"}, {}, "hydra.launcher.lightning", "'maybe'"),
-    ({"backend": "slurm"}, {}, "hydra.launcher.backend", "'slurm'"),
+    ({"backend": "kubernetes"}, {}, "hydra.launcher.backend", "'kubernetes'"),
     ({"ray": {"address": "head"}}, {}, "hydra.launcher.ray.address", "'head'"),
     ({"ray": {"runtime_env": [1]}}, {}, "hydra.launcher.ray.runtime_env", "[1]"),
     ({"ray": {"gpu_memory_gb": 0}}, {}, "hydra.launcher.ray.gpu_memory_gb", "0"),

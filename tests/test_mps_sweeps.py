@@ -70,22 +70,6 @@ def test_several_jobs_per_gpu_run_under_a_daemon_the_sweep_starts_and_stops(
     assert not (pipe / "control").exists()
 
 
-def test_mps_off_leaves_jobs_time_slicing(tmp_path: Path, env: dict[str, str]) -> None:
-    code, out = sweep(
-        tmp_path,
-        env,
-        "x=0,1",
-        "steps=[[0.5,0.2]]",
-        "hydra.launcher.jobs_per_gpu=2",
-        "hydra.launcher.gpus=[1]",
-        "hydra.launcher.mps=off",
-    )
-    assert code == 0, out
-    assert "MPS" not in out
-    for line in (tmp_path / "nvml" / "events.log").read_text().splitlines():
-        assert line.split()[2] == "1" and line.split()[5] == "none"
-
-
 def test_mps_on_where_it_cannot_run_stops_before_any_job(tmp_path: Path) -> None:
     environ = fake_gpus(tmp_path, 8)
     environ["PATH"] = str(Path(sys.executable).parent)  # no nvidia-cuda-mps-control there
@@ -96,3 +80,19 @@ def test_mps_on_where_it_cannot_run_stops_before_any_job(tmp_path: Path) -> None
     assert "hydra.launcher.mps" in out and "nvidia-cuda-mps-control is not on PATH" in out
     assert "hydra.launcher.mps=auto or off" in out
     assert not (tmp_path / "nvml" / "events.log").exists()  # no job ran
+
+
+def test_a_fault_the_mps_server_logs_is_said_with_the_gpu_and_the_jobs_it_may_take(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    code, out = sweep(
+        tmp_path,
+        env,
+        "x=0",
+        "hydra.launcher.jobs_per_gpu=2",
+        "hydra.launcher.gpus=[1]",
+        "mps_fault='Client (pid 4242) hit a fatal GPU exception on device 0 (Xid 31)'",
+    )
+    assert code != 0
+    assert "reported a fault" in out and "on GPU 1" in out  # the daemon's device 0 is GPU 1
+    assert "jobs on that GPU may have failed with it" in out

@@ -40,9 +40,9 @@ def refused(options: dict[str, Any]) -> str:
 
 
 def test_an_unknown_backend_is_named_with_the_allowed_ones() -> None:
-    message = refused({"backend": "slurm"})
-    assert "Invalid hydra.launcher.backend='slurm'" in message
-    assert "local, ray" in message
+    message = refused({"backend": "kubernetes"})
+    assert "Invalid hydra.launcher.backend='kubernetes'" in message
+    assert "local, ray, slurm" in message
 
 
 # Slot options that the local backend refuses: refused alike with backend=ray, before Ray is

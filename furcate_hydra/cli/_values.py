@@ -95,6 +95,7 @@ def job_json(job: JobSnapshot) -> dict[str, Any]:
         "resumed": job.resumed,
         "rss_peak_mb": job.rss_peak_mb,
         "gpu_mem_peak_mb": job.gpu_mem_peak_mb,
+        "ran_in": job.ran_in,
         "progress": None
         if progress is None
         else {"epoch": progress.epoch, "step": progress.step, "at": iso_time(progress.at)},

@@ -106,6 +106,8 @@ def _peaks(job: JobSnapshot) -> str:
 
 def _last_column(job: JobSnapshot) -> str:
     text = " ".join(job.overrides) or "(no overrides)"
+    if job.ran_in:
+        text += f"  [{job.ran_in}]"
     if job.error:
         text += f"  ← {job.error}"
     if job.status is SweepJobStatus.RUNNING and job.progress is not None:

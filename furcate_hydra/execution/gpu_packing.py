@@ -66,13 +66,18 @@ class MemoryVerdict:
 class GpuPacking:
     """The open slots of every GPU under ``jobs_per_gpu=auto`` (see the module doc)."""
 
-    def __init__(self, starts: Mapping[str, GpuStart], max_per_gpu: int, margin_bytes: int) -> None:
+    def __init__(
+        self, starts: Mapping[str, GpuStart], most: Mapping[str, int], margin_bytes: int
+    ) -> None:
+        """``starts``: each GPU's open slots and memory budget at first; ``most``: the slots
+        each GPU has (``max_jobs_per_gpu``, fewer under ``max_workers``)."""
         self._lock = threading.Lock()
         self._margin = margin_bytes
-        self._gpus = {
-            device: _Gpu(start.budget_bytes, start.jobs, max_per_gpu, start.jobs)
-            for device, start in starts.items()
-        }
+        self._gpus = {}
+        for device, start in starts.items():
+            ceiling = most.get(device, start.jobs)
+            first = min(start.jobs, ceiling)
+            self._gpus[device] = _Gpu(start.budget_bytes, first, ceiling, first)
         self._jobs: dict[str, _JobMemory] = {}
         self._peak = 0  # the sweep's largest learned peak: what one more job needs
         self._grew = False

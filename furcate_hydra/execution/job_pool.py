@@ -2,13 +2,15 @@
 
     submit(job) ──► queue ──► transport.has_room()? ──► place(job) ──► held
                       ▲                                                 │ poll(): Started
-                      │ RETRYING (crashed, retries left)                │ ──► STARTED
+                      │ RETRYING (crashed, retries left; or out of GPU  │ ──► STARTED
+                      │   memory beside others, jobs_per_gpu=auto)      │
                       │ PREEMPTED (stopped from outside, limit left)    │ poll(): Ended
                       └──────────────────────────────────── policy ◄────┘
     wait_any() ◄── done ◄── ENDED: COMPLETED, FAILED, CRASHED, CANCELLED, PREEMPTED, LOST
 
 The pool owns the queue, the jobs held by the transport, the cancelled keys, the broken
-state, the retry / preemption / crash policy, progress polling and the events; a transport
+state, the retry / preemption / crash / out-of-memory policy (``GpuPacking`` judges the
+last), progress polling and the events; a transport
 (``execution.transport``) only places jobs on slots and reports what became of them. Keeps the
 ``Executor`` contract (``execution.executor``). Nothing here imports Hydra.
 """
@@ -21,7 +23,6 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from furcate_hydra.errors import ExecutorBrokenError
@@ -32,6 +33,7 @@ from furcate_hydra.execution.forkserver.protocol import ChildReport
 from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.execution.out_of_memory import cuda_out_of_memory, stderr_size
+from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.transport import (
     Broken,
     Ended,
@@ -44,7 +46,7 @@ from furcate_hydra.execution.transport import (
 from furcate_hydra.preemption import PREEMPTION_SIGNALS
 from furcate_hydra.progress import JobProgress, read_progress
 
-__all__ = ["JobPool", "PoolOptions"]
+__all__ = ["JobPool"]
 
 log = logging.getLogger(__name__)
 
@@ -54,31 +56,6 @@ PROGRESS_POLL_S = 1.0
 INTERRUPT_CHECK_S = 1.0
 
 _Pool = TypeVar("_Pool", bound="JobPool")
-
-
-@dataclass(frozen=True)
-class PoolOptions:
-    """How the pool treats its jobs (``hydra.launcher`` keys of the same names)."""
-
-    # re-run a job whose process crashed (not one that raised) up to this many times
-    max_retries: int
-    # queue a preempted job again (it was stopped from outside, not by the pool) this often
-    max_preemptions: int
-    # modules the fork server imports once so that jobs start warm; None: those the
-    # launcher's process has loaded (a forked server has them already)
-    preload: tuple[str, ...] | None
-    # copy each job's stdout/stderr onto the launcher's console as well as its log files
-    echo_output: bool
-    # time a stopped job gets between SIGTERM and SIGKILL
-    stop_grace_s: float
-    # fork a job per busy slot ahead, handed the slot the moment its job ends; off where no
-    # job may start after a failure (fail_fast): the server cannot tell a failed job's end
-    fork_ahead: bool = True
-    # modules every job imports before its task (furcate's own job side), which the fork
-    # server imports once besides ``preload``, so that no job pays for them
-    job_imports: tuple[str, ...] = ()
-    # NVIDIA's MPS daemon for GPUs that run several jobs at once: auto, on or off (``mps``)
-    mps: str = "off"
 
 
 class JobPool:

@@ -43,8 +43,9 @@ from furcate_hydra.execution.forkserver.protocol import (
 from furcate_hydra.execution.forkserver.protocol import Started as ServerStarted
 from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job
-from furcate_hydra.execution.job_pool import JobPool, PoolOptions
+from furcate_hydra.execution.job_pool import JobPool
 from furcate_hydra.execution.mps import MpsDaemon, start_mps
+from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slots import Slot, SlotPlan
 from furcate_hydra.execution.transport import (
@@ -319,13 +320,8 @@ class LocalTransport(Transport):
         """A fault MPS logged takes down the jobs sharing its GPU: say so, never silently."""
         if self._mps is None:
             return
-        for line in self._mps.faults():
-            log.warning(
-                "furcate: the MPS server reported a fault; the jobs sharing its GPU may have "
-                "failed with it (logs: %s): %s",
-                self._mps.log_dir,
-                line,
-            )
+        for line in self._mps.faults():  # each says where, and which jobs it may have taken
+            log.warning("%s", line)
 
     def _read_report(self, job: Job) -> ChildReport | None:
         path = self._result_path(job)

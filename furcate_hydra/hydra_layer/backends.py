@@ -1,12 +1,16 @@
 """The one place a backend is chosen: its slot plan, its checks, its executor.
 
-LauncherOptions.backend ── local ─► plan_slots (this machine)  ─► LocalPool
+LauncherOptions.backend ── local ─► plan_slots (this machine; in a Slurm job its
+                        │            allocation's GPUs, and its cores split between slots)
+                        │                                        ─► LocalPool
                         └─ ray ───► connect, plan_ray_slots    ─► RayPool (imports Ray)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from furcate_hydra.execution.executor import Executor
@@ -14,6 +18,7 @@ from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import WarmContext
 from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
+from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import SlotPlan, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.ray_backend.options import Backend, check_store_reachable
@@ -22,15 +27,29 @@ from furcate_hydra.store import resolve_tracking_uri
 __all__ = ["gpu_packing", "plan_for", "start_executor"]
 
 
-def plan_for(options: LauncherOptions) -> SlotPlan:
-    """The slots of the chosen backend; with Ray, after joining the cluster.
+def plan_for(options: LauncherOptions, cpus: Sequence[int] | None = None) -> SlotPlan:
+    """The slots of the chosen backend; with Ray, after joining the cluster. ``cpus``: the
+    cores local slots share (a Slurm allocation's); None: this process's affinity.
 
     Raises:
         FurcateConfigError: a bad option, Ray missing or unreachable, or a store the
             cluster's nodes cannot reach.
     """
     if options.backend is Backend.LOCAL:
-        return plan_slots(options.slots)
+        plan = plan_slots(options.slots, available_cpus=cpus)
+        if cpus is None or options.slots.cpus_per_job is not None:
+            return plan
+        # an allocation's cores are split between its slots, as its GPUs are: no option to set
+        share, cores = len(cpus) // len(plan.slots), sorted(cpus)
+        if share < 1:
+            return plan
+        slots = tuple(
+            replace(slot, cpus=tuple(cores[i * share : (i + 1) * share]), threads=share)
+            for i, slot in enumerate(plan.slots)
+        )
+        return replace(plan, slots=slots)
+    if options.backend is Backend.SLURM:
+        raise ValueError("backend=slurm submits allocations; it plans no slots of its own")
     if options.store.enabled:
         tracking = resolve_tracking_uri(options.store.tracking_uri)
         check_store_reachable(tracking.source, tracking.uri, options.ray)
@@ -40,12 +59,13 @@ def plan_for(options: LauncherOptions) -> SlotPlan:
     return plan_ray_slots(options.slots, options.ray, ray)
 
 
-def gpu_packing(plan: SlotPlan, options: LauncherOptions) -> GpuPacking | None:
+def gpu_packing(plan: SlotPlan, options: SlotOptions) -> GpuPacking | None:
     """What opens each GPU's slots under ``jobs_per_gpu=auto`` (local only); None otherwise."""
     if plan.packing is None:
         return None
-    margin = int(options.slots.gpu_mem_margin_gb * GIB)
-    return GpuPacking(plan.packing, options.slots.max_jobs_per_gpu, margin)
+    margin = int(options.gpu_mem_margin_gb * GIB)
+    slots = Counter(slot.device for slot in plan.slots if slot.device is not None)
+    return GpuPacking(plan.packing, slots, margin)
 
 
 def start_executor(

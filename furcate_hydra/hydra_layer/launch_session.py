@@ -50,6 +50,7 @@ from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
 from furcate_hydra.hydra_layer.run_ledger import RunLedger
 from furcate_hydra.hydra_layer.session_view import SessionView
+from furcate_hydra.hydra_layer.slurm_session import SlurmSession
 from furcate_hydra.hydra_layer.streaming import JobRequest, JobRun
 from furcate_hydra.hydra_layer.task_code import task_code_version
 from furcate_hydra.hydra_layer.task_config import as_job, task_container
@@ -87,14 +88,18 @@ class LaunchSession:
         # fork server and the store wait for the first job that is not skipped (warm_up).
         check_job_name(config)  # it names the store's experiment
         try:
-            plan = plan_for(options)
+            self.slurm = SlurmSession.detect(options.slurm)
+            plan = plan_for(options, self.slurm.cpus() if self.slurm else None)
             code = task_code_version(task_function, config)
-            self.ledger = RunLedger(options.store, config, code)
+            where = self.slurm.tags() if self.slurm else None
+            self.ledger = RunLedger(options.store, config, code, where)
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
+        if self.slurm is not None:
+            log.info("furcate: in %s", self.slurm.job.describe())
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
-        self.packing = gpu_packing(plan, options)  # None unless jobs_per_gpu=auto
+        self.packing = gpu_packing(plan, options.slots)  # None unless jobs_per_gpu=auto
         slots = len(plan.slots) if self.packing is None else self.packing.open_slots()
         self.shown = SessionView(options.progress, slots, self.ledger.sweep.summary)
         self._warm = False
@@ -252,10 +257,15 @@ class LaunchSession:
             raise
         except KeyboardInterrupt:
             signum = interrupts.received() or signal.SIGINT
-            stopped = self.close(interrupted=True)
+            preempted = self.slurm.preempted_by(signum) if self.slurm else None
+            stopped = self.close(interrupted=True, preempted=preempted)
             with contextlib.suppress(OSError):  # the summary of what did run, if it can be
                 self.shown.write_summary()
-            log_interrupted(signum, stopped, self.ledger.sweep.sweep_dir)
+            if self.slurm is not None and preempted is not None:
+                # the last act: requeueing ends this run of the Slurm job
+                log_preempted(self.slurm, stopped, self.slurm.requeue_now())
+            else:
+                log_interrupted(signum, stopped, self.ledger.sweep.sweep_dir)
             # No traceback: the shell's convention for a process ended by a signal
             raise SystemExit(128 + signum) from None
         except BaseException:
@@ -264,9 +274,10 @@ class LaunchSession:
         finally:
             self.in_stream = False
 
-    def close(self, interrupted: bool = False) -> int:
-        """Stop the executor; record jobs still running as KILLED and the sweep's final state.
-        Returns how many jobs were stopped."""
+    def close(self, interrupted: bool = False, preempted: str | None = None) -> int:
+        """Stop the executor; record jobs still running as KILLED (``preempted``: and why,
+        counted as a preemption) and the sweep's final state. Returns how many jobs were
+        stopped."""
         if self._closed:
             return 0
         self._closed = True
@@ -277,7 +288,7 @@ class LaunchSession:
         peaks = {job.key: self._end_trace(job.key) for job in held}
         if self.tracer is not None:
             self.tracer.close()  # the last metrics and plots, before the store closes
-        self.ledger.close(interrupted, held, peaks)
+        self.ledger.close(interrupted, held, peaks, preempted)
         interrupts.restore()
         return len(held)
 
@@ -361,6 +372,23 @@ class LaunchSession:
 
     def _context_blob(self) -> bytes:
         return context_blob(self.task_function, self.hydra_context)
+
+
+def log_preempted(slurm: SlurmSession, stopped: int, requeued: bool) -> None:
+    """What Slurm's time-limit signal stopped, and what comes next."""
+    then = (
+        "requeued: its next run resumes them"
+        if requeued
+        else "not requeued: run the same command (sbatch the script again) to resume them"
+    )
+    log.warning(
+        "furcate: %s reached its time limit (SIGUSR1): %d job%s stopped at a checkpoint and "
+        "recorded preempted; %s",
+        slurm.job.describe(),
+        stopped,
+        "" if stopped == 1 else "s",
+        then,
+    )
 
 
 def start_tracer(

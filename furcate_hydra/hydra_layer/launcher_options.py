@@ -15,14 +15,15 @@ from omegaconf import ListConfig
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
-from furcate_hydra.execution.job_pool import PoolOptions
 from furcate_hydra.execution.mps import check_mps_mode
+from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_options import AUTO as AUTO_JOBS
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.hydra_layer.options import as_option_error, plain
 from furcate_hydra.lightning_auto import AUTO, MODES, server_imports
 from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.ray_backend.options import Backend, RayOptions
+from furcate_hydra.slurm.options import SlurmOptions
 from furcate_hydra.store import CodeChange, Rerun
 
 __all__ = ["LauncherOptions", "ProgressOptions", "StoreOptions", "TrainingOptions"]
@@ -150,6 +151,7 @@ class LauncherOptions:
     trace_interval_s: float
     backend: Backend = Backend.LOCAL
     ray: RayOptions = field(default_factory=RayOptions)
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> LauncherOptions:
@@ -165,6 +167,7 @@ class LauncherOptions:
                 _trace_interval(options["trace_interval_s"]),
                 Backend.parse(options["backend"]),
                 RayOptions.parse(plain(options["ray"])),
+                SlurmOptions.parse(plain(options["slurm"])),
             )
             _check_local_only(parsed)
         except FurcateConfigError as exc:

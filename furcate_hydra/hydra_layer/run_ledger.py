@@ -84,10 +84,15 @@ class RunLedger:
     """
 
     def __init__(
-        self, options: StoreOptions, launcher_config: DictConfig, code: CodeVersion | None
+        self,
+        options: StoreOptions,
+        launcher_config: DictConfig,
+        code: CodeVersion | None,
+        where: Mapping[str, str] | None = None,
     ) -> None:
         self.options = options
         self.code = code
+        self._where = dict(where or {})  # tags of every run: where it ran (a Slurm job)
         self._code_check = CodeCheck(code.key if code else None, options.code_change)
         self.sweep = SweepPaths.of(str(launcher_config.hydra.sweep.dir))
         self._invocation = " ".join(given_overrides(launcher_config, "task"))
@@ -322,6 +327,7 @@ class RunLedger:
             Tags.JOB_NUM: str(job.num),
             Tags.OUTPUT_DIR: str(job.paths.output_dir),
             **(self.code.tags() if self.code is not None else {}),
+            **self._where,
         }
 
     def _ensure_sweep_run(self) -> None:
@@ -331,7 +337,11 @@ class RunLedger:
         self._sweep_recorded = True
         self.store.start_sweep(
             sweep_run_name(time.time(), self._invocation),
-            {Tags.SWEEP_DIR: str(self.sweep.sweep_dir), Tags.OVERRIDES: self._invocation},
+            {
+                Tags.SWEEP_DIR: str(self.sweep.sweep_dir),
+                Tags.OVERRIDES: self._invocation,
+                **self._where,
+            },
         )
         self._write_sweep_pointer()
 
@@ -431,10 +441,12 @@ class RunLedger:
         interrupted: bool,
         in_flight: Iterable[Job],
         peaks: Mapping[str, TracePeaks | None] | None = None,
+        preempted: str | None = None,
     ) -> None:
         """Runs of jobs still in flight are KILLED (resumable), with their trace's ``peaks``
         by job key; claims of jobs that never started are withdrawn; the sweep run gets its
-        state."""
+        state. ``preempted``: why the launcher itself was preempted (its Slurm job's time
+        runs out): the runs of its jobs say so and count it (``furcate.preemptions``)."""
         if self.store is not None:
             for claim in self._claims.values():
                 self.store.withdraw(claim)
@@ -442,11 +454,15 @@ class RunLedger:
         for job in in_flight:
             # a row and run_data.json for each, so the sweep's record lists what was stopped
             traced = (peaks or {}).get(job.key)
-            row = self._add_row(job, RunStatus.KILLED, None, "launcher stopped", peaks=traced)
+            why = preempted or "launcher stopped"
+            if preempted is not None and job.run_id is not None:
+                job.preemptions += 1
+                self.preempted(job)
+            row = self._add_row(job, RunStatus.KILLED, None, why, peaks=traced)
             job.paths.output_dir.mkdir(parents=True, exist_ok=True)
             write_run_data_json(job.paths.run_data, row, job.task_config, _details(job))
             if self.store is not None and job.run_id is not None:
-                self.store.finish_job_run(job.run_id, RunStatus.KILLED, error="launcher stopped")
+                self.store.finish_job_run(job.run_id, RunStatus.KILLED, error=why)
         self.flush()  # run_data.csv is the sweep's record with or without a store
         if self.store is None:
             return

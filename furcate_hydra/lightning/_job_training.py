@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any
 from mlflow.tracking import MlflowClient
 
 from furcate_hydra.atomic import link_or_copy
-from furcate_hydra.known_warnings import ignore_lightning_pytree_deprecation
+from furcate_hydra.known_warnings import (
+    ignore_lightning_pytree_deprecation,
+    ignore_lightning_srun_hint,
+)
 from furcate_hydra.lightning._app_checkpoints import AppCheckpoints
 from furcate_hydra.lightning._checkpoint import AtomicCheckpoint
 from furcate_hydra.lightning._exact_resume import ExactResume, run_seed
@@ -74,6 +77,7 @@ class JobTraining:
 
     def __init__(self, env: JobEnv, extra: tuple[Any, ...] = ()) -> None:
         self.env = env
+        ignore_lightning_srun_hint()  # before fit builds its Trainer
         every_n, every_s = env.checkpoint_every_n_steps, env.checkpoint_every_s
         self.history = MetricsHistory(env.output_dir)
         # time checkpoints are on by default under the launcher: only asked-for step ones warn

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from furcate_hydra import env_vars
+from furcate_hydra.known_warnings import ignore_lightning_srun_hint
 
 __all__ = ["AUTO", "MODES", "OFF", "install_for_job", "server_imports"]
 
@@ -35,6 +36,7 @@ def install_for_job() -> None:
     imports, now or when it does. Anything else leaves the job alone."""
     if os.environ.get(env_vars.LIGHTNING, OFF) != AUTO:
         return
+    ignore_lightning_srun_hint()  # before the app builds its Trainer
     for name in _NAMESPACES:
         if name in sys.modules:
             _patch(name)

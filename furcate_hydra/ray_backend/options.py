@@ -36,6 +36,7 @@ PROXY_KEY = "hydra.sweeper.storage_proxy"
 class Backend(enum.Enum):
     LOCAL = "local"  # slots on this machine, one warm fork server
     RAY = "ray"  # slots from a Ray cluster's resources, a warm fork server per slot actor
+    SLURM = "slurm"  # allocations submitted with sbatch, each running the sweep locally
 
     @classmethod
     def parse(cls, value: object) -> Backend:
@@ -47,8 +48,9 @@ class Backend(enum.Enum):
             BACKEND_KEY,
             value,
             f"must be one of {allowed}",
-            f"set {BACKEND_KEY}=local (this machine's GPUs) or {BACKEND_KEY}=ray "
-            "(a Ray cluster; pip install 'furcate-hydra[ray]')",
+            f"set {BACKEND_KEY}=local (this machine's GPUs, or a Slurm allocation's), "
+            f"{BACKEND_KEY}=ray (a Ray cluster; pip install 'furcate-hydra[ray]') or "
+            f"{BACKEND_KEY}=slurm (allocations submitted with sbatch)",
         )
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from furcate_hydra.execution.forkserver.protocol import Placement, Start
 from furcate_hydra.execution.job import Job
-from furcate_hydra.execution.job_pool import JobPool, PoolOptions
+from furcate_hydra.execution.job_pool import JobPool
+from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.transport import (
     Broken,
     Ended,

@@ -57,6 +57,8 @@ class Tags:
     ERROR = "furcate.error"
     RESUMED = "furcate.resumed"
     PREEMPTIONS = "furcate.preemptions"  # times the job was preempted and queued again
+    SLURM_JOB = "furcate.slurm_job"  # the Slurm job its launcher ran in (12, or 12_3)
+    SLURM_NODE = "furcate.slurm_node"  # ... and that job's node
     ROLE = "furcate.role"
     HEARTBEAT = "furcate.heartbeat"
     SWEEP_DIR = "furcate.sweep_dir"

@@ -65,6 +65,7 @@ class JobSnapshot:
         progress: The epoch and step a running job last reported (``progress.json``).
         rss_peak_mb: The highest resident memory of its processes (MiB) in the launcher's
             resource trace, once it ended; ``gpu_mem_peak_mb`` the GPU memory they held.
+        ran_in: The Slurm job and node its run ran in (``slurm 12_3 on node7``), if any.
     """
 
     job_num: int
@@ -81,6 +82,7 @@ class JobSnapshot:
     progress: JobProgress | None = None
     rss_peak_mb: float | None = None
     gpu_mem_peak_mb: float | None = None
+    ran_in: str | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,8 @@ class FileRow:
     pid: int | None = None
     rss_peak_mb: float | None = None
     gpu_mem_peak_mb: float | None = None
+    # a config of this sweep that another launcher sharing the store ran (a job array's)
+    ran_elsewhere: bool = False
 
     @classmethod
     def read(cls, path: Path) -> FileRow | None:
@@ -171,6 +175,7 @@ class FileRow:
                 pid=int(data["pid"]) if data.get("pid") else None,
                 rss_peak_mb=_float(data.get("rss_peak_mb")),
                 gpu_mem_peak_mb=_float(data.get("gpu_mem_peak_mb")),
+                ran_elsewhere=bool(data.get("ran_elsewhere", False)),
             )
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -266,6 +271,7 @@ def _from_run(
         return_value=value,
         metrics=dict(run.metrics),
         run_id=record.run_id,
+        ran_in=_where_it_ran(tags),
         output_dir=tags.get(Tags.OUTPUT_DIR) or (row.output_dir if row else None),
         resumed=int(tags.get(Tags.RESUMED, "0") or 0) > 0,
         rss_peak_mb=row.rss_peak_mb if row else None,
@@ -279,8 +285,14 @@ def _from_row(
     """A job known from its run_data.json alone: one the sweep skipped (it finished before) or
     reported failed without running (``rerun=none``), or any job of a sweep without a store."""
     metrics = dict(recorded.metrics) if recorded else dict(row.metrics)
+    start, end = row.start, row.end
+    if row.ran_elsewhere and recorded is not None:  # when it ran, in the launcher that ran it
+        start = recorded.record.start_time_ms / 1000
+        end = _seconds(recorded.end_time_ms)
     if row.status == RunStatus.FINISHED.value:
-        status = SweepJobStatus.SKIPPED if row.skipped else SweepJobStatus.FINISHED
+        # another launcher of the sweep ran it: it is no earlier run's repeat
+        done = not row.skipped or row.ran_elsewhere
+        status = SweepJobStatus.FINISHED if done else SweepJobStatus.SKIPPED
         reason = None
         if row.run_id in pruned_epochs:  # skipped, but what it repeats was a pruned trial
             reason = pruned_reason(pruned_epochs[row.run_id or ""])
@@ -294,8 +306,8 @@ def _from_row(
         overrides=row.overrides,
         status=status,
         error=reason,
-        start=row.start,
-        duration_s=_duration(row.start, row.end),
+        start=start,
+        duration_s=_duration(start, end),
         return_value=row.return_value,
         metrics=metrics,
         run_id=row.run_id,
@@ -303,7 +315,17 @@ def _from_row(
         resumed=row.resumed,
         rss_peak_mb=row.rss_peak_mb,
         gpu_mem_peak_mb=row.gpu_mem_peak_mb,
+        ran_in=_where_it_ran(recorded.record.tags) if recorded else None,
     )
+
+
+def _where_it_ran(tags: Mapping[str, str]) -> str | None:
+    """Where a run's launcher ran, for ``furcate status``: its Slurm job and node."""
+    job = tags.get(Tags.SLURM_JOB)
+    if not job:
+        return None
+    node = tags.get(Tags.SLURM_NODE)
+    return f"slurm {job}" + (f" on {node}" if node else "")
 
 
 def _return_value(tags: Mapping[str, str], row: FileRow | None) -> Any:

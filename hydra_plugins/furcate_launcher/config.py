@@ -43,12 +43,48 @@ class RayConf:
 
 
 @dataclass
+class SlurmConf:
+    # inside a Slurm job: when SIGUSR1 comes (sbatch --signal=B:USR1@<s>), every job saves a
+    # checkpoint and the launcher requeues its Slurm job (scontrol requeue) before it exits;
+    # null: if the job is requeueable (Slurm's Requeue=1), false: never
+    requeue: Optional[bool] = None
+    # backend=slurm: the allocations submitted (a job array of this size), each a pool of
+    # slots pulling the sweep's configs from the store; a whole number, 1 or more
+    allocations: Any = 1
+    # backend=slurm: GPUs of each allocation (sbatch --gres=gpu:N); unset: none asked for
+    gpus_per_allocation: Optional[Any] = None
+    # backend=slurm: CPUs of each allocation (sbatch --cpus-per-task); unset: Slurm's default
+    cpus_per_allocation: Optional[Any] = None
+    # backend=slurm: each allocation's time limit (sbatch --time, e.g. 04:00:00); unset: the
+    # partition's default
+    time: Optional[Any] = None
+    # backend=slurm: the partition (sbatch --partition); unset: the cluster's default
+    partition: Optional[str] = None
+    # backend=slurm: seconds before the time limit that the launcher gets SIGUSR1 to save and
+    # requeue (sbatch --signal=B:USR1@<s>); 0: no signal (a whole number)
+    signal_s: Any = 120
+    # backend=slurm: more sbatch options, as sbatch takes them (--account=..., --qos=...)
+    sbatch_args: List[str] = field(default_factory=list)
+    # backend=slurm: shell lines each allocation runs before the sweep (module load ...,
+    # source .venv/bin/activate)
+    setup: List[str] = field(default_factory=list)
+    # backend=slurm: follow the sweep until every allocation ended (false: return once
+    # submitted; `furcate status` follows it from anywhere)
+    wait: bool = False
+    # backend=slurm with wait: seconds between looks at the queue and the sweep
+    poll_s: float = 10.0
+
+
+@dataclass
 class FurcateLauncherConf:
     _target_: str = "hydra_plugins.furcate_launcher.furcate_launcher.FurcateLauncher"
-    # where jobs run: local (this machine's GPUs) or ray (a Ray cluster's, see `ray`)
+    # where jobs run: local (this machine's GPUs, or a Slurm allocation's), ray (a Ray
+    # cluster's, see `ray`) or slurm (allocations submitted with sbatch, see `slurm`)
     backend: str = "local"
     # the Ray cluster, with backend=ray
     ray: RayConf = field(default_factory=RayConf)
+    # Slurm: requeue when the time limit nears; with backend=slurm, what is submitted
+    slurm: SlurmConf = field(default_factory=SlurmConf)
     # GPU ids (CUDA_VISIBLE_DEVICES values) to use; unset: CUDA_VISIBLE_DEVICES, else NVML
     gpus: Optional[Any] = None
     # jobs sharing one GPU at a time (default 1), or auto: start at 1 (or at

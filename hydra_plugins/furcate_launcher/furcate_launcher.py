@@ -53,6 +53,10 @@ class FurcateLauncher(Launcher):
         # Here, not in __init__, where Hydra would wrap the error in its own: a bad option stops
         # the app with a plain message before anything starts.
         self.options = self.parse_options(self.raw_options)
+        if self.options.backend.value == "slurm":  # the login node: allocations run it all
+            from furcate_hydra.hydra_layer.slurm_submit import submit_sweep
+
+            submit_sweep(self.options, config)
         self.hydra_context = hydra_context
         self.task_function = task_function
         self.config = config

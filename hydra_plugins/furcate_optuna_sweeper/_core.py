@@ -56,6 +56,7 @@ from hydra_plugins.furcate_optuna_sweeper._space import (
 from hydra_plugins.furcate_optuna_sweeper._study import (
     Attrs,
     ask_owned,
+    counts,
     open_study,
     owned_running,
     recover_trials,
@@ -139,6 +140,7 @@ class StudySweep:
         self._identity = sweeper_identity()
         state = recover_trials(self.study, self._identity, self.space.distributions)
         self._reseed(config, sampler)
+        self.n_trials = n_trials
         self.to_start = max(0, n_trials - state.counted)
         self.started = self.told = self.pruned = 0
         self.best: str | None = None  # for the progress view: "0.0123 (trial 7)"
@@ -205,6 +207,13 @@ class StudySweep:
         return TrialRuns(tracking, self.study_name) if tracking else None
 
     # -- asking ------------------------------------------------------------------------
+
+    def recount(self) -> None:
+        """Trials that other sweeps of the study asked since it opened (launchers sharing its
+        storage, a job array's) count toward n_trials as this sweep's do: what it still starts
+        shrinks by them. Sweeps that ask at the same moment may each start the last one."""
+        counted = sum(1 for t in self.study.get_trials(deepcopy=False) if counts(t))
+        self.to_start = min(self.to_start, self.started + max(0, self.n_trials - counted))
 
     def ask(self) -> tuple[optuna.Trial, list[str]]:
         """The next trial and its task's overrides, resampled while exclusion rules match."""
@@ -620,6 +629,9 @@ def _ask_jobs(
     asked = 0
     try:
         while asked < room and sweep.started < sweep.to_start:
+            sweep.recount()
+            if sweep.started >= sweep.to_start:
+                break
             trial, task = sweep.ask()
             asked += 1
             leader = next((j for j in [*running, *jobs] if j.task == tuple(task)), None)
@@ -642,7 +654,10 @@ def _batches(sweep: StudySweep, launcher: Launcher) -> None:
             sweep.options.n_jobs, sweep.streaming.slot_count, sweep.to_start, batches=True
         )
     while sweep.started < sweep.to_start:
+        sweep.recount()
         count = min(size, sweep.to_start - sweep.started)
+        if count <= 0:
+            break
         jobs: list[TrialJob] = []
         try:
             for _ in range(count):

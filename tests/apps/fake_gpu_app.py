@@ -79,6 +79,12 @@ def main(cfg: DictConfig) -> float:
     state = Path(os.environ["FURCATE_FAKE_NVML"])
     gpu = os.environ["CUDA_VISIBLE_DEVICES"]
     _log(state, "start", gpu)
+    if cfg.mps_fault:  # what an MPS server logs when a client's kernel faults, then the error
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log_dir = Path(os.environ["CUDA_MPS_LOG_DIRECTORY"])
+        with (log_dir / "server.log").open("a") as file:
+            file.write(f"[{stamp}.000 Server {os.getpid()}] {cfg.mps_fault}\n")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
     try:
         for gib, seconds in cfg.steps:
             _hold(state, gpu, gib * 1024, cfg.oom_in)
