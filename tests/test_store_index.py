@@ -3,15 +3,10 @@ around it, and --drop leaves MLflow's schema as MLflow made it. Real sqlite and 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -108,51 +103,11 @@ def test_refuses_a_server_and_a_missing_file(
     assert not (tmp_path / "none.db").exists()
 
 
-def _pg_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return found[-1].parent if found else None
-
-
-@contextlib.contextmanager
-def _postgres(folder: Path) -> Iterator[str]:
-    """A PostgreSQL server of the test's own on a loopback port (as ``postgres`` when root)."""
-    binaries = _pg_bin()
-    assert binaries is not None
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_user:
-        shutil.chown(folder, "postgres")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    data = folder / "data"
-
-    def run(program: str, *args: str) -> None:
-        done = subprocess.run(
-            [*as_user, str(binaries / program), *args], capture_output=True, text=True
-        )
-        assert done.returncode == 0, f"{program}: {done.stderr[-1000:]}"
-
-    run("initdb", "-D", str(data), "-A", "trust", "-U", "test")
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder}"
-    run("pg_ctl", "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
-    try:
-        run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "test", "mlflow")
-        yield f"postgresql+psycopg2://test@127.0.0.1:{port}/mlflow"
-    finally:
-        run("pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(_pg_bin() is None, reason="PostgreSQL is not installed (initdb)")
-def test_postgres_store(capsys: pytest.CaptureFixture[str]) -> None:
+def test_postgres_store(postgres: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """On the shared PostgreSQL of tests/conftest.py (skipped where it is not installed)."""
     pytest.importorskip("psycopg2")
-    # a folder the server's user can reach (pytest's own are the test user's alone)
-    folder = Path(tempfile.mkdtemp(prefix="furcate-test-pg-"))
-    try:
-        with _postgres(folder) as url:
-            _check_store(url, "EXPLAIN", capsys)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    _check_store(postgres.create_database("furcate_index"), "EXPLAIN", capsys)
 
 
 def test_claim_check_reads_the_fingerprints_runs_by_the_index(tmp_path: Path) -> None:
