@@ -304,9 +304,9 @@ class LocalTransport(Transport):
 
     def _start_mps(self) -> None:
         """NVIDIA's MPS daemon, where ``options.mps`` asks and a GPU runs several jobs."""
-        devices = list(dict.fromkeys(s.device for s in self.plan.slots if s.device is not None))
-        shared = len(self.plan.slots) > len(devices) and not self.plan.on_cpu
-        self._mps = start_mps(self.options.mps, devices, shared, self._sweep_dir)
+        per_gpu = self.plan.slots_per_gpu()
+        shared = any(count > 1 for count in per_gpu.values())
+        self._mps = start_mps(self.options.mps, list(per_gpu), shared, self._sweep_dir)
 
     def _placement(self, slot: Slot) -> Placement:
         env = slot.env()

@@ -17,7 +17,7 @@ from furcate_hydra.execution.devices import (
 )
 from furcate_hydra.execution.slot_options import AUTO, SlotOptions, explicit_gpus
 
-__all__ = ["GpuStart", "Slot", "SlotPlan", "jobs_on_gpu", "plan_slots"]
+__all__ = ["GpuStart", "Slot", "SlotPlan", "core_blocks", "jobs_on_gpu", "plan_slots"]
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +78,21 @@ class SlotPlan:
         """Whether the jobs run without a GPU."""
         return self.source == "cpu"
 
+    def slots_per_gpu(self) -> dict[str, int]:
+        """Each GPU of the plan (in the order its first slot comes) and how many slots it has."""
+        counts: dict[str, int] = {}
+        for slot in self.slots:
+            if slot.device is not None:
+                counts[slot.device] = counts.get(slot.device, 0) + 1
+        return counts
+
     def describe(self) -> str:
         """Summarise the plan in one log line."""
         n = len(self.slots)
         if self.on_cpu:
             text = f"{n} CPU slot{_s(n)} (no GPU" + (f": {self.reason})" if self.reason else ")")
         else:
-            counts: dict[str, int] = {}
-            for slot in self.slots:
-                counts[str(slot.device)] = counts.get(str(slot.device), 0) + 1
+            counts = self.slots_per_gpu()
             per_gpu = "/".join(str(c) for c in counts.values())
             if len(set(counts.values())) == 1:
                 per_gpu = str(next(iter(counts.values())))
@@ -180,7 +186,7 @@ def plan_slots(
         n = max(1, len(cpus) // (options.cpus_per_job or 1))
         n = min(n, options.max_workers or n)
         threads = options.cpus_per_job or max(1, len(cpus) // n)
-        blocks = _core_blocks(cpus, n, options.cpus_per_job)
+        blocks = core_blocks(cpus, n, options.cpus_per_job)
         slots = tuple(Slot(i, None, blocks[i], threads) for i in range(n))
         return SlotPlan(slots, "cpu", where)
 
@@ -196,7 +202,7 @@ def plan_slots(
         if count > round_
     ]
     order = order[: options.max_workers or len(order)]
-    blocks = _core_blocks(cpus, len(order), options.cpus_per_job)
+    blocks = core_blocks(cpus, len(order), options.cpus_per_job)
     slots = tuple(
         Slot(i, device, blocks[i], options.cpus_per_job) for i, device in enumerate(order)
     )
@@ -313,7 +319,7 @@ def _gib(size_bytes: int) -> float:
     return size_bytes / 2**30
 
 
-def _core_blocks(cpus: list[int], n: int, per_job: int | None) -> list[tuple[int, ...] | None]:
+def core_blocks(cpus: list[int], n: int, per_job: int | None) -> list[tuple[int, ...] | None]:
     """Give slot i the i-th contiguous block of cores, reusing blocks when there are too few."""
     if per_job is None:
         return [None] * n

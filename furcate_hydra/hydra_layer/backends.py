@@ -8,7 +8,6 @@ LauncherOptions.backend ── local ─► plan_slots (this machine; in a Slurm
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +18,7 @@ from furcate_hydra.execution.forkserver.protocol import WarmContext
 from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slot_options import SlotOptions
-from furcate_hydra.execution.slots import SlotPlan, plan_slots
+from furcate_hydra.execution.slots import SlotPlan, core_blocks, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.ray_backend.options import Backend, check_store_reachable
 from furcate_hydra.store import resolve_tracking_uri
@@ -40,12 +39,13 @@ def plan_for(options: LauncherOptions, cpus: Sequence[int] | None = None) -> Slo
         if cpus is None or options.slots.cpus_per_job is not None:
             return plan
         # an allocation's cores are split between its slots, as its GPUs are: no option to set
-        share, cores = len(cpus) // len(plan.slots), sorted(cpus)
+        share = len(cpus) // len(plan.slots)
         if share < 1:
             return plan
+        blocks = core_blocks(sorted(cpus), len(plan.slots), share)
         slots = tuple(
-            replace(slot, cpus=tuple(cores[i * share : (i + 1) * share]), threads=share)
-            for i, slot in enumerate(plan.slots)
+            replace(slot, cpus=block, threads=share)
+            for slot, block in zip(plan.slots, blocks, strict=True)
         )
         return replace(plan, slots=slots)
     if options.backend is Backend.SLURM:
@@ -64,8 +64,7 @@ def gpu_packing(plan: SlotPlan, options: SlotOptions) -> GpuPacking | None:
     if plan.packing is None:
         return None
     margin = int(options.gpu_mem_margin_gb * GIB)
-    slots = Counter(slot.device for slot in plan.slots if slot.device is not None)
-    return GpuPacking(plan.packing, slots, margin)
+    return GpuPacking(plan.packing, plan.slots_per_gpu(), margin)
 
 
 def start_executor(
