@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from furcate_hydra.execution.slots import GpuStart
 
@@ -175,7 +175,7 @@ class GpuPacking:
 
     def lines(self) -> list[str]:
         """Per GPU, what was learned: "GPU 0: 5 at a time, peak 11.2 GiB per job"."""
-        return [self._line(device, gpu) for device, gpu in self.snapshot_items()]
+        return [self._line(device, gpu) for device, gpu in self._gpus_now()]
 
     def snapshot(self) -> dict[str, dict[str, float | int]]:
         """Per GPU: jobs_at_a_time, max_reached, peak_gib_per_job, budget_gib, oom_backoffs."""
@@ -187,12 +187,13 @@ class GpuPacking:
                 "budget_gib": round(gpu.budget / GIB, 3),
                 "oom_backoffs": gpu.backoffs,
             }
-            for device, gpu in self.snapshot_items()
+            for device, gpu in self._gpus_now()
         }
 
-    def snapshot_items(self) -> list[tuple[str, _Gpu]]:
+    def _gpus_now(self) -> list[tuple[str, _Gpu]]:
+        """Each GPU's state as it is now, copied under the lock (its running set left out)."""
         with self._lock:
-            return [(device, _copy(gpu)) for device, gpu in self._gpus.items()]
+            return [(device, replace(gpu, running=set())) for device, gpu in self._gpus.items()]
 
     @staticmethod
     def _line(device: str, gpu: _Gpu) -> str:
@@ -225,7 +226,3 @@ class GpuPacking:
         held = sum(max(self._jobs[key].peak, self._peak) for key in gpu.running)
         idle = max(0, gpu.open - len(gpu.running)) * self._peak
         return held + idle + self._peak + self._margin <= gpu.budget
-
-
-def _copy(gpu: _Gpu) -> _Gpu:
-    return _Gpu(gpu.budget, gpu.open, gpu.ceiling, gpu.max_reached, gpu.peak, gpu.backoffs)

@@ -41,6 +41,7 @@ class SessionView:
         self.view = make_view(options.mode, self.tally, options.every_s)
         self.summary = SweepSummary()
         self._summary_file = summary_file
+        self._packing_shown: dict[str, dict[str, float | int]] | None = None
         self._on = False
 
     def start(self) -> None:
@@ -110,12 +111,16 @@ class SessionView:
 
     def show_packing(self, packing: GpuPacking) -> None:
         """``jobs_per_gpu=auto``: what it learned so far, in gpu_packing.json (``furcate
-        status``) and in the summary."""
+        status``) and in the summary; called on every job event, it writes only what changed."""
+        gpus = packing.snapshot()
+        if gpus == self._packing_shown:
+            return
         self.summary.gpu_lines = packing.lines()
         self.tally.slots_open(packing.open_slots())
         path = self._summary_file.with_name(SweepPaths.GPU_PACKING)
         try:
-            write_packing(path, packing.snapshot(), self.summary.gpu_lines)
+            write_packing(path, gpus, self.summary.gpu_lines)
+            self._packing_shown = gpus  # a failed write is tried again at the next event
         except OSError as exc:
             log.warning("furcate: could not write %s: %s", path, exc)
 
