@@ -68,7 +68,7 @@ class Cluster:
             # a temp dir (0700) above the folder: the server's user must pass through it
             folder.parent.chmod(folder.parent.stat().st_mode | 0o111)
         if not (self.data / "PG_VERSION").exists():
-            self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "bench")
+            self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "bench", "-E", "UTF8")
 
     def _run(self, program: str, *args: str) -> str:
         command = [*self.as_user, str(self.bin / program), *args]
@@ -95,6 +95,11 @@ class Cluster:
             "psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "bench", "-d", database,
             "-v", "ON_ERROR_STOP=1", "-At", "-c", sql,
         )  # fmt: skip
+
+    def create_database(self, name: str) -> str:
+        """A new, empty database; its URL."""
+        self.psql("postgres", f'CREATE DATABASE "{name}"')
+        return self.url(name)
 
     def databases(self) -> set[str]:
         return set(self.psql("postgres", "SELECT datname FROM pg_database").split())

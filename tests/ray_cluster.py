@@ -15,7 +15,6 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.test_store_server import free_port
 
 # Loopback-only test clusters: no token (Ray 2.60 makes one per machine by default, in ~).
 _NODE_ENV = {"RAY_AUTH_MODE": "disabled"}
@@ -49,13 +49,6 @@ def ray_cli() -> str:
     if not script.exists():
         pytest.skip(f"{RAY_MISSING} (no ray command beside {sys.executable})")
     return str(script)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @dataclass(frozen=True)

@@ -28,21 +28,15 @@ from pathlib import Path
 
 import pytest
 
+from bench.postgres import Cluster, free_port, pg_bin
+
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "scancel")
-POSTGRES_BIN = Path("/usr/lib/postgresql")
 GPUS = 4
 CPUS = 8
 START_TIMEOUT_S = 30.0
 # Slurm's scheduler reacts at once (the defaults wait seconds); a requeued job runs again
 # seconds later (cred_expire: how long its old credential blocks it).
 _SCHEDULER = "batch_sched_delay=0,bf_interval=1,sched_interval=5"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def _which(binary: str) -> str | None:
@@ -102,11 +96,12 @@ class SlurmCluster:
 
     def wait_idle(self, timeout_s: float) -> None:
         """Until no job is queued or running."""
-        deadline = time.monotonic() + timeout_s
-        while self.queue():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"jobs still in the queue: {self.queue()}")
-            time.sleep(0.5)
+        wait_until(
+            lambda: not self.queue(),
+            "an empty queue",
+            timeout_s,
+            detail=lambda: f"jobs still in the queue: {self.queue()}",
+        )
 
     def log(self, name: str) -> str:
         path = self.root / "log" / name
@@ -235,15 +230,13 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         for daemon, more in (("slurmctld", []), ("slurmd", ["-N", node])):
             command = [_which(daemon) or daemon, "-D", "-f", str(conf), *more]
             cluster.pids[daemon] = _start(command, root / "log" / f"{daemon}.out", env)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False).strip() != "idle":
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    "the test cluster's node did not become idle:\n"
-                    + cluster.log("slurmctld.log")[-3000:]
-                    + cluster.log("slurmd.log")[-3000:]
-                )
-            time.sleep(0.1)
+        wait_until(
+            lambda: cluster.run("sinfo", "-h", "-N", "-o", "%T", check=False).strip() == "idle",
+            "the test cluster's node to become idle",
+            START_TIMEOUT_S,
+            every_s=0.1,
+            detail=lambda: cluster.log("slurmctld.log")[-3000:] + cluster.log("slurmd.log")[-3000:],
+        )
         yield cluster
     finally:
         _stop_cluster(cluster)
@@ -264,62 +257,20 @@ def _stop_cluster(cluster: SlurmCluster) -> None:
 # -- PostgreSQL ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Postgres:
-    """A running PostgreSQL on loopback; ``url(db)`` for SQLAlchemy (MLflow, Optuna)."""
-
-    root: Path
-    port: int
-
-    def url(self, database: str) -> str:
-        # psycopg2 named: SQLAlchemy 2.1 takes a bare postgresql:// for psycopg 3
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
-
-    def create_database(self, name: str) -> str:
-        _as_postgres([str(_pg_bin("createdb")), "-h", "127.0.0.1", "-p", str(self.port), name])
-        return self.url(name)
-
-
-def _pg_bin(name: str) -> Path:
-    versions = sorted(POSTGRES_BIN.glob(f"*/bin/{name}")) if POSTGRES_BIN.is_dir() else []
-    if not versions:
-        pytest.skip(f"PostgreSQL is not installed (no {name}): apt-get install postgresql")
-    return versions[-1]
-
-
-def _as_postgres(command: list[str]) -> None:
-    done = subprocess.run(
-        ["runuser", "-u", "postgres", "--", *command], capture_output=True, text=True, timeout=60
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} failed: {done.stdout}{done.stderr}")
-
-
 @contextmanager
-def postgres_server() -> Iterator[Postgres]:
-    """``initdb`` into a temp dir of its own, ``pg_ctl start`` on 127.0.0.1 and a free port
-    (trust authentication: loopback and a throwaway database), ``pg_ctl stop`` at the end."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+def postgres_server() -> Iterator[Cluster]:
+    """The bench's PostgreSQL cluster (``bench/postgres.py``) in a temp dir of its own, started
+    on 127.0.0.1 and a free port (trust authentication: loopback and throwaway databases),
+    ``pg_ctl stop`` at the end; ``create_database(name)`` gives a database's URL."""
+    if pg_bin() is None:
+        pytest.skip("PostgreSQL is not installed (no pg_ctl): apt-get install postgresql")
     if os.geteuid() != 0:
         pytest.skip("the PostgreSQL test server is started as the postgres user, which needs root")
     root = Path(tempfile.mkdtemp(prefix="furcate-pg-"))
-    root.chmod(0o755)
-    shutil.chown(root, "postgres", "postgres")
-    data, port = root / "data", free_port()
-    _as_postgres([str(initdb), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=200"
     try:
-        _as_postgres(
-            [str(pg_ctl), "-D", str(data), "-l", str(root / "server.log"), "-o", options,
-             "-w", "start"]
-        )  # fmt: skip
-        yield Postgres(root, port)
+        with Cluster(root / "pg", max_connections="200").running() as cluster:
+            yield cluster
     finally:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", str(pg_ctl), "-D", str(data), "-m", "fast",
-             "-w", "stop"],
-            capture_output=True, timeout=60, check=False,
-        )  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -366,9 +317,18 @@ def run_array(cluster: SlurmCluster, tmp_path: Path, script: Path, tasks: int) -
     return job
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float) -> None:
+def wait_until(
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float,
+    every_s: float = 0.5,
+    detail: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``condition`` every ``every_s`` until it holds; past ``timeout_s`` fail, saying
+    ``what`` was awaited and ``detail()`` (what the cluster shows then)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.5)
+            message = f"timed out after {timeout_s:g} s waiting for {what}"
+            raise AssertionError(message + (f":\n{detail()}" if detail is not None else ""))
+        time.sleep(every_s)

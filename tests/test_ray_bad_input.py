@@ -19,8 +19,9 @@ from furcate_hydra.ray_backend.options import RayOptions
 from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
 from tests.conftest import run_probe_sweep
 from tests.option_helpers import parse_launcher_options
-from tests.ray_cluster import RAY_MISSING, free_port
+from tests.ray_cluster import RAY_MISSING
 from tests.test_slots import GIB, FakeProbe
+from tests.test_store_server import free_port
 
 
 def check(options: dict[str, Any]) -> None:

@@ -15,10 +15,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from bench.postgres import Cluster
 from furcate_hydra.store import Tags
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialTags
 from tests.conftest import REPO
-from tests.slurm_cluster import ARRAY_SWEEP_DIR, Postgres, SlurmCluster, run_array, sweep_script
+from tests.slurm_cluster import ARRAY_SWEEP_DIR, SlurmCluster, run_array, sweep_script
 from tests.store_helpers import job_runs
 from tests.test_store_server import Server, mlflow_server
 
@@ -31,7 +32,7 @@ EPOCHS = 4
 
 
 def test_launchers_of_an_array_share_one_study(
-    slurm: SlurmCluster, tmp_path: Path, postgres: Postgres
+    slurm: SlurmCluster, tmp_path: Path, postgres: Cluster
 ) -> None:
     (tmp_path / "server").mkdir()
     storage = postgres.create_database("optuna")

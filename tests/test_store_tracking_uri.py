@@ -19,6 +19,7 @@ from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.store import TrackingUri, check_tracking_uri, resolve_tracking_uri
 from furcate_hydra.store.tracking_uri import DEFAULT_TRACKING_URI, ENV_KEY, URI_KEY
 from tests.conftest import REPO
+from tests.test_store_server import free_port
 
 
 @pytest.mark.parametrize(
@@ -116,13 +117,6 @@ def test_stores_furcate_cannot_query_are_refused(uri: str) -> None:
 )
 def test_other_database_stores_are_not_contacted(uri: str) -> None:
     check_tracking_uri(TrackingUri(uri, URI_KEY))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def test_a_closed_port_fails_fast() -> None:
