@@ -174,8 +174,12 @@ class SweepReader:
             since = (start or 0.0) - _CLOCK_SLACK_S
             return found if found is not None and found.at >= since else None  # not an old one
 
-        runs = list(self._job_runs())
+        # the files before the store: a job's run is in the store before its process writes
+        # run_data.json, so every row read has its run in the later read, even one that
+        # started and ended in between (read the other way round, such a job showed as
+        # INTERRUPTED: a row of a process gone, and no run)
         rows = [row for row in map(FileRow.read, self._files_of_this_sweep(start)) if row]
+        runs = list(self._job_runs())
         ran = {run.record.run_id for run in runs}
         taken_from = {row.run_id for row in rows if row.run_id and row.run_id not in ran}
         recorded = {run.record.run_id: run for run in self._runs_by_id(taken_from)}
