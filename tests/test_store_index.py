@@ -136,3 +136,73 @@ def test_claim_check_reads_the_fingerprints_runs_by_the_index(tmp_path: Path) ->
     assert create_indexes(engine)
     assert running_fp0() == plain
     assert not any("IN (SELECT runs.run_uuid" in s for s in statements), statements
+
+
+def _furcate_indexes(path: Path) -> set[str]:
+    import sqlite3
+
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        return {name for (name,) in rows if name.startswith("furcate_")}
+
+
+def test_a_sweep_indexes_its_sqlite_store_unless_told_not_to(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    """hydra.launcher.mlflow.sqlite_index (default true): a sweep gives a sqlite store the
+    index its skip and claim checks read by; false leaves the store as MLflow made it."""
+    from tests.conftest import run_probe_sweep
+
+    store = Path(mlflow_store.removeprefix("sqlite:///"))
+    assert _furcate_indexes(store) == set()
+    off = run_probe_sweep(tmp_path, "+x=1,2", "hydra.launcher.mlflow.sqlite_index=false")
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert _furcate_indexes(store) == set()
+    # the next sweep reads the two recorded configs by the index it made
+    on = run_probe_sweep(tmp_path, "+x=1,2,3")
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert _furcate_indexes(store) == {"furcate_tags_key_value"}
+    assert "skipped" in on.stdout + on.stderr
+    client = MlflowClient(mlflow_store)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, f"tags.`{Tags.FINGERPRINT}` LIKE '%'")
+    assert len(runs) == 3
+
+
+def test_index_sqlite_store_makes_it_once_and_leaves_other_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+    import sqlite3
+
+    from furcate_hydra.store import store_index
+    from furcate_hydra.store.store_index import index_sqlite_store
+
+    url = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(url)
+    experiment = client.create_experiment("e")
+    for i in range(3):
+        client.create_run(experiment, tags={Tags.FINGERPRINT: f"fp{i}"})
+    engine = client._tracking_client.store.engine
+    assert not store_index.tags_indexed(engine)  # cached as the process saw it ...
+    with caplog.at_level(logging.INFO, logger=store_index.__name__):
+        assert index_sqlite_store(tmp_path / "mlflow.db")
+    assert "made furcate_tags_key_value" in caplog.text and "--drop" in caplog.text
+    assert store_index.tags_indexed(engine)  # ... and asked again once furcate made it
+    assert not index_sqlite_store(tmp_path / "mlflow.db")
+    assert _furcate_indexes(tmp_path / "mlflow.db") == {"furcate_tags_key_value"}
+
+    missing = tmp_path / "new.db"  # MLflow makes a new store: nothing is made before it
+    assert not index_sqlite_store(missing) and not missing.exists()
+
+    other = tmp_path / "other.db"  # no MLflow store (yet): left as it is
+    with sqlite3.connect(other) as connection:
+        connection.execute("CREATE TABLE notes (text TEXT)")
+    assert not index_sqlite_store(other)
+    assert _furcate_indexes(other) == set()
+
+    damaged = tmp_path / "damaged.db"  # what it cannot read: said, and the sweep goes on
+    damaged.write_bytes(b"not a database, " * 512)
+    with caplog.at_level(logging.WARNING, logger=store_index.__name__):
+        assert not index_sqlite_store(damaged)
+    assert "could not index the tags of" in caplog.text and "furcate index" in caplog.text

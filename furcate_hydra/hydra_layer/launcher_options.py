@@ -42,6 +42,7 @@ class StoreOptions:
     heartbeat_s: float
     stale_after_s: float
     sqlite_wal: bool
+    sqlite_index: bool
     rerun: Rerun
     code_change: CodeChange
     fingerprint_ignore: tuple[str, ...]
@@ -62,6 +63,7 @@ class StoreOptions:
             heartbeat_s=_seconds(mlflow, "heartbeat_s", 10),
             stale_after_s=_seconds(mlflow, "stale_after_s", 60),
             sqlite_wal=bool(mlflow["sqlite_wal"]),
+            sqlite_index=bool(mlflow["sqlite_index"]),
             rerun=Rerun.parse(options["rerun"]),
             code_change=CodeChange.parse(options["code_change"]),
             fingerprint_ignore=ignore,

@@ -30,6 +30,7 @@ from furcate_hydra.store.run_record import (
 )
 from furcate_hydra.store.run_store import RunStore
 from furcate_hydra.store.sqlite_reader import SqliteReader
+from furcate_hydra.store.store_index import index_sqlite_store
 from furcate_hydra.store.tracking_uri import TrackingUri
 from furcate_hydra.store.ui_link import experiment_link
 
@@ -49,12 +50,14 @@ class StoreAccess:
         heartbeat_s: float,
         stale_after_s: float,
         sqlite_wal: bool,
+        sqlite_index: bool = False,
     ) -> None:
         self.tracking = tracking
         self.experiment = experiment
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
         self.sqlite_wal = sqlite_wal
+        self.sqlite_index = sqlite_index
         self.store: RunStore | None = None
         self._path = _sqlite_path(tracking)
         self._reader: SqliteReader | None = None
@@ -102,6 +105,8 @@ class StoreAccess:
                 self.heartbeat_s,
                 self.stale_after_s,
                 sqlite_wal=self.sqlite_wal,
+                # a reader was opened: the file had MLflow's tables, and _sqlite indexed them
+                sqlite_index=self.sqlite_index and self._reader is None,
                 checked=True,
             )
             self._reader = None
@@ -146,6 +151,8 @@ class StoreAccess:
     def _sqlite(self) -> SqliteReader | None:
         if self._reader is None and self._path is not None:
             try:
+                if self.sqlite_index:  # before the first lookup, which it speeds up
+                    index_sqlite_store(self._path)
                 self._reader = SqliteReader(self._path, self.experiment)
             except (sqlite3.Error, OSError) as exc:  # OSError: its schema lock
                 self._unreadable(exc)

@@ -40,6 +40,7 @@ from furcate_hydra.store.run_record import (
     decode_return_value,
     encode_return_value,
 )
+from furcate_hydra.store.store_index import index_sqlite_store
 from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, creating_store
 
 __all__ = ["EXPERIMENT_KIND", "MODEL_TRAINING", "RunStore", "database_opened"]
@@ -108,10 +109,12 @@ class RunStore:
         stale_after_s: float,
         *,
         sqlite_wal: bool,
+        sqlite_index: bool = False,
         checked: bool = False,
     ) -> None:
         """``checked``: ``check_tracking_uri`` passed already (a sqlite file is checked in
-        full, which costs a read of every page)."""
+        full, which costs a read of every page). ``sqlite_index``: give a sqlite store
+        furcate's index on its tags where it lacks it (``index_sqlite_store``)."""
         from mlflow.tracking import MlflowClient
 
         # Before the first client: on a database URI it loads MLflow's SQL store, which warns.
@@ -124,6 +127,8 @@ class RunStore:
         _opened = True
         with creating_store(tracking):
             self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
+            if sqlite_index and self._sqlite_path is not None:
+                index_sqlite_store(self._sqlite_path)
         self.experiment_id = self._experiment(experiment_name)
         if sqlite_wal and self._sqlite_path is not None:
             _use_wal(str(self._sqlite_path))

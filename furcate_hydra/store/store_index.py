@@ -19,7 +19,12 @@ its migrations rebuild the table around them, and ``drop_indexes`` removes every
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sqlite3
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from furcate_hydra.store.run_record import Tags
@@ -29,13 +34,18 @@ __all__ = [
     "StoreIndex",
     "create_indexes",
     "drop_indexes",
+    "index_sqlite_store",
     "store_indexes",
     "tags_indexed",
 ]
 
+log = logging.getLogger(__name__)
+
 # the tags whose values furcate's lookups and MLflow's search of one sweep match
 INDEXED_TAGS = (Tags.FINGERPRINT, Tags.PARENT_RUN)
 _PREFIX = "furcate_tags_"
+# A store with more tag rows than this takes a noticeable while to index: said before.
+_SAY_FROM_ROWS = 200_000
 
 
 @dataclass(frozen=True)
@@ -94,6 +104,65 @@ def drop_indexes(engine: Any) -> list[str]:
             connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
             dropped.append(name)
     return dropped
+
+
+def index_sqlite_store(path: Path) -> bool:
+    """Give the sqlite store at ``path`` furcate's index where it lacks it (``hydra.launcher.
+    mlflow.sqlite_index``): without it the skip and claim checks read every fingerprint tag of
+    the store, a cost per job that grows with every run it records. Returns whether it was made.
+
+    A store MLflow has not created yet (no ``tags`` table) is left alone: the launcher asks
+    again once MLflow made it. Made inside one transaction, so a launcher killed meanwhile
+    leaves the store as it was.
+    """
+    if not path.is_file():  # sqlite3 would create it: MLflow makes the store, then this
+        return False
+    try:
+        return _index_sqlite(path)
+    except sqlite3.Error as exc:  # a store MLflow will refuse, or locked for a minute
+        log.warning(
+            "furcate: could not index the tags of %s (%s): its skip and claim checks read "
+            "every fingerprint tag; `furcate index` makes the index later",
+            path,
+            exc,
+        )
+        return False
+
+
+def _index_sqlite(path: Path) -> bool:
+    (index,) = store_indexes("sqlite")
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as connection:
+        names = {
+            name
+            for (name,) in connection.execute(
+                "SELECT name FROM sqlite_master WHERE name IN ('tags', ?)", (index.name,)
+            )
+        }
+        if "tags" not in names or index.name in names:
+            return False
+        # the rowid's top is a cheap upper bound of the rows (MLflow's tags keep rowids)
+        (rows,) = connection.execute("SELECT coalesce(max(rowid), 0) FROM tags").fetchone()
+        if rows > _SAY_FROM_ROWS:
+            log.info(
+                "furcate: indexing the tags of %s by value once (~%d rows; seconds to minutes): "
+                "the skip and claim checks then read only the configs' own runs "
+                "(hydra.launcher.mlflow.sqlite_index=false leaves a store as it is)",
+                path,
+                rows,
+            )
+        began = time.monotonic()
+        with connection:
+            connection.execute(index.create)
+    _INDEXED.clear()
+    if rows:
+        log.info(
+            "furcate: made %s on %s in %.1f s (`furcate index --drop` removes it; "
+            "hydra.launcher.mlflow.sqlite_index=false then keeps it away)",
+            index.name,
+            path,
+            time.monotonic() - began,
+        )
+    return True
 
 
 def tags_indexed(engine: Any) -> bool:

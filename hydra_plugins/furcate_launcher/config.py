@@ -24,6 +24,9 @@ class MlflowConf:
     stale_after_s: float = 60.0
     # switch a sqlite store to WAL journaling (faster concurrent writes; local disks only)
     sqlite_wal: bool = True
+    # give a sqlite store furcate's index on its tags (key, value) when it lacks it, so
+    # the skip and claim checks stay fast as the store grows (`furcate index --drop` undoes it)
+    sqlite_index: bool = True
 
 
 @dataclass
