@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from furcate_hydra import env_vars
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import REPO, run_cli
@@ -295,3 +296,24 @@ def test_the_fork_server_imports_the_lightning_layer_once_for_every_job(
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == expected, result.stderr
+
+
+@pytest.mark.parametrize("first", ["furcate_hydra.lightning", "lightning.pytorch"])
+def test_a_task_may_import_furcates_lightning_layer_before_any_lightning(first: str) -> None:
+    """A task that imports furcate_hydra.lightning inside its function (after the fork, with
+    no Lightning imported yet): its own import of Lightning meets the job's import hook
+    mid-import, and the Trainer is patched once the layer is whole (it failed with a circular
+    import before)."""
+    code = (
+        "from furcate_hydra.lightning_auto import install_for_job\n"
+        "install_for_job()\n"
+        f"import {first}\n"
+        "import lightning.pytorch, pytorch_lightning\n"
+        "from furcate_hydra.lightning import OptunaPruning\n"
+        "from furcate_hydra.lightning._own_trainer import _installed\n"
+        "print(sorted(_installed))\n"
+    )
+    env = {**os.environ, env_vars.LIGHTNING: "auto"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "['lightning.pytorch', 'pytorch_lightning']"

@@ -13,6 +13,7 @@ from furcate_hydra.lightning._fit import FitResult, fit
 from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._logger import RunBoundMLFlowLogger
+from furcate_hydra.lightning._pending import install_pending as _install_pending
 from furcate_hydra.lightning._pruning import OptunaPruning
 
 __all__ = [
@@ -26,3 +27,7 @@ __all__ = [
     "RunBoundMLFlowLogger",
     "fit",
 ]
+
+# a Lightning namespace this package's own imports brought in is patched for the job now that
+# the package is whole (hydra.launcher.lightning=auto; see _pending)
+_install_pending()

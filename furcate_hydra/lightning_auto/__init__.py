@@ -58,9 +58,21 @@ def server_imports(mode: object, preload: Sequence[str] | None = None) -> tuple[
 
 def _patch(name: str) -> None:
     # here, not at the top: the job has imported Lightning by now, the launcher never does
+    if _layer_loading():  # its own import of Lightning got here: patched at its end
+        from furcate_hydra.lightning._pending import defer
+
+        defer(name)
+        return
     from furcate_hydra.lightning._own_trainer import install
 
     install(name)
+
+
+def _layer_loading() -> bool:
+    """Whether ``furcate_hydra.lightning`` is being imported now (Python marks the module's
+    spec ``_initializing`` while it runs; where it does not, nothing waits)."""
+    package = sys.modules.get("furcate_hydra.lightning")
+    return bool(getattr(getattr(package, "__spec__", None), "_initializing", False))
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
