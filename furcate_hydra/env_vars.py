@@ -14,6 +14,7 @@ __all__ = [
     "LIGHTNING",
     "OPTUNA_MONITOR",
     "OPTUNA_PRUNER",
+    "OPTUNA_PRUNE_URL",
     "OPTUNA_STORAGE",
     "OPTUNA_STUDY",
     "OPTUNA_TRIAL_NUMBER",
@@ -47,5 +48,9 @@ OPTUNA_TRIAL_NUMBER = "FURCATE_OPTUNA_TRIAL_NUMBER"
 OPTUNA_MONITOR = "FURCATE_OPTUNA_MONITOR"
 # optional: the study's pruner as JSON ({"name": "median", ...}); the storage does not keep it
 OPTUNA_PRUNER = "FURCATE_OPTUNA_PRUNER"
-# trial system attribute the job sets when pruned; the sweeper then tells the trial PRUNED
+# optional: where the sweeper decides for jobs on its machine (tuning/prune_service.py); the
+# job reports there instead of to STORAGE, which it uses only if that does not answer
+OPTUNA_PRUNE_URL = "FURCATE_OPTUNA_PRUNE_URL"
+# trial system attribute set when the job is pruned (by it, or by the sweeper's prune
+# service for it); the sweeper then tells the trial PRUNED
 PRUNED_AT_EPOCH_ATTR = "furcate:pruned_at_epoch"

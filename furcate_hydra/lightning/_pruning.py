@@ -1,7 +1,9 @@
 """``OptunaPruning``: report a job's monitored metric to its Optuna trial and stop when pruned.
 
-sweeper (parent): study.ask() ──► env: storage URL, study name, trial number, monitor, pruner
-job: each validation ──► trial.report(value, epoch) ──► pruner.prune? ──► trainer.should_stop
+sweeper (parent): study.ask() ──► env: storage URL, study name, trial number, monitor, pruner,
+                  and, for jobs on its machine, the URL of its prune service
+job: each validation ──► POST {trial, step, value} to the sweeper ──► prune? ──► should_stop
+     (no service, or it does not answer: trial.report(value, epoch) ──► pruner.prune? itself)
 job returns normally ──► the sweeper reads ``PRUNED_AT_EPOCH_ATTR`` and tells the trial PRUNED
 
 The trial is named by its **number**, not its storage id: ``Trial.number`` is public in the
@@ -18,9 +20,12 @@ validation; it opens the storage lazily, once per job, with a busy timeout for s
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
@@ -41,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["OptunaPruning"]
 
 _LOCKED_RETRIES = 5
+# A report to the sweeper's prune service takes milliseconds; a sweeper this slow is stuck.
+_SERVICE_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
 
@@ -60,6 +67,9 @@ class OptunaPruning(CallbackBase):
         trial_number: ``Trial.number`` of the RUNNING trial the sweeper asked for this job.
         monitor: Key in ``trainer.callback_metrics`` to report, e.g. ``val_loss``.
         pruner: The study's pruner; Optuna's default ``MedianPruner()`` when None.
+        service_url: The sweeper's prune service (``tuning/prune_service.py``), which reports
+            and decides on the study it holds: a job at 50,000 trials then does not load
+            every trial to decide. None, or no answer from it: the job uses ``storage``.
 
     Several jobs may report to one sqlite file at once: each opens one connection pool, waits
     up to ``SQLITE_BUSY_TIMEOUT_S`` for the lock, and retries a write that sqlite refused at
@@ -79,8 +89,10 @@ class OptunaPruning(CallbackBase):
         trial_number: int = -1,
         monitor: str = "",
         pruner: BasePruner | None = None,
+        service_url: str | None = None,
     ) -> None:
         self.storage = storage
+        self.service_url = service_url
         self.study_name = study_name
         self.trial_number = trial_number
         self.monitor = monitor
@@ -148,6 +160,7 @@ class OptunaPruning(CallbackBase):
             trial_number=trial_number,
             monitor=str(values[env_vars.OPTUNA_MONITOR]),
             pruner=pruner_from_spec(spec) if spec is not None else None,
+            service_url=source.get(env_vars.OPTUNA_PRUNE_URL) or None,
         )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -166,6 +179,13 @@ class OptunaPruning(CallbackBase):
         """Report ``value`` for ``epoch``; True (and recorded) when the pruner says stop."""
         if not self.active:
             return False
+        if self.service_url is not None:
+            decided = self._ask_service(self.service_url, value, epoch)
+            if decided is not None:
+                self.reported[epoch] = float(value)
+                if decided and self.pruned_at_epoch is None:
+                    self.pruned_at_epoch = epoch
+                return decided
         trial = self._open()
         if trial is None:
             return False
@@ -182,6 +202,30 @@ class OptunaPruning(CallbackBase):
                 )
             )
         return True
+
+    def _ask_service(self, url: str, value: float, epoch: int) -> bool | None:
+        """The sweeper's decision (it reported the value to the trial); None when it cannot
+        be had: then the job reports to the storage itself, from now on."""
+        body = {"trial": self.trial_number, "step": int(epoch), "value": float(value)}
+        request = urllib.request.Request(
+            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=_SERVICE_TIMEOUT_S) as answer:
+                return bool(json.loads(answer.read())["prune"])
+        except (OSError, ValueError, KeyError) as exc:  # URLError and HTTPError are OSErrors
+            why = str(exc)
+            if isinstance(exc, urllib.error.HTTPError):  # the service's own words
+                why = exc.read().decode(errors="replace") or why
+            self.service_url = None
+            warnings.warn(
+                f"furcate: the sweeper's pruning service at {url} did not decide trial "
+                f"{self.trial_number}'s epoch {epoch} ({why}): this job reports to the study's "
+                "storage itself from now on",
+                UserWarning,
+                stacklevel=2,
+            )
+            return None
 
     def _metric(self, trainer: pl.Trainer) -> float | None:
         metrics = trainer.callback_metrics

@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -65,6 +65,9 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
     sweeper_identity,
 )
 from hydra_plugins.furcate_optuna_sweeper._trial_runs import TrialRuns
+
+if TYPE_CHECKING:
+    from furcate_hydra.tuning.prune_service import PruneService
 
 __all__ = ["run_study"]
 
@@ -129,6 +132,7 @@ class StudySweep:
             options.storage_proxy,
         )
         self.job_storage = self.storage  # what the trials' jobs open
+        self._prune_service: PruneService | None = None  # while trials run here (serving)
         self.study = open_study(
             self.storage,
             self.study_name,
@@ -174,9 +178,11 @@ class StudySweep:
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
-        """While the trials run: the sqlite study served to the Ray nodes, if they need it."""
+        """While the trials run: pruning decided here for jobs on this machine, or the sqlite
+        study served to the Ray nodes, if they need it."""
         if self._serve_at is None:
-            yield
+            with self._deciding_pruning():
+                yield
             return
         from furcate_hydra.tuning.proxy import StudyProxy
 
@@ -198,6 +204,25 @@ class StudySweep:
             proxy.stop()
             self.job_storage = self.storage
             log.info("furcate_optuna: stopped serving the study at %s", proxy.url)
+
+    @contextlib.contextmanager
+    def _deciding_pruning(self) -> Iterator[None]:
+        """The prune service (tuning/prune_service.py), where jobs run on this machine under
+        furcate's launcher and a monitored metric can prune a single-objective study."""
+        launcher = plain(self.config.hydra.get("launcher")) or {}
+        local = self.streaming is not None and launcher.get("backend", "local") == "local"
+        if not (local and self.options.monitor and len(self.options.directions) == 1):
+            yield
+            return
+        from furcate_hydra.tuning.prune_service import PruneService
+
+        self._prune_service = PruneService()
+        log.debug("furcate_optuna: jobs report to %s", self._prune_service.url)
+        try:
+            yield
+        finally:
+            self._prune_service.stop()
+            self._prune_service = None
 
     @functools.cached_property
     def runs(self) -> TrialRuns | None:
@@ -291,13 +316,17 @@ class StudySweep:
         without a monitored metric)."""
         if self.options.monitor is None:
             return {}
-        return {
+        env = {
             env_vars.OPTUNA_STORAGE: self.job_storage,
             env_vars.OPTUNA_STUDY: self.study_name,
             env_vars.OPTUNA_TRIAL_NUMBER: str(trial.number),
             env_vars.OPTUNA_MONITOR: self.options.monitor,
             env_vars.OPTUNA_PRUNER: self.options.pruner_json(),
         }
+        if self._prune_service is not None:
+            self._prune_service.add(trial)
+            env[env_vars.OPTUNA_PRUNE_URL] = self._prune_service.url
+        return env
 
     def _copy_reports_of_retried(self, trial: optuna.Trial) -> None:
         """A re-tried trial's job resumes at the epoch its predecessor reached: the pruner
@@ -319,6 +348,8 @@ class StudySweep:
         """Tell the trial its job's outcome. A follower (sampled while a trial with the same
         config ran) is told its leader's outcome, which the leader was told first."""
         trial = job.trial
+        if self._prune_service is not None:  # its job has ended: it reports no more
+            self._prune_service.discard(trial)
         run_id, skipped = (None, False)
         if self.streaming is not None:
             run = self.streaming.job_run(key)

@@ -1,0 +1,191 @@
+"""The sweeper's prune service: jobs report over loopback HTTP and the sweeper decides on the
+study it holds. Real sqlite Optuna storage, real HTTP server and client."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from furcate_hydra import env_vars
+from furcate_hydra.lightning import OptunaPruning
+from furcate_hydra.tuning.prune_service import PruneService
+from tests.test_store_server import free_port
+
+STUDY = "sweep"
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture
+def study(tmp_path: Path) -> optuna.Study:
+    """The sweeper's study: three finished trials at 1.0 each epoch (lower is better)."""
+    study = optuna.create_study(
+        study_name=STUDY,
+        storage=f"sqlite:///{tmp_path}/optuna.db",
+        direction="minimize",
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+    )
+    for _ in range(3):
+        study.add_trial(
+            optuna.trial.create_trial(value=1.0, intermediate_values=dict.fromkeys(range(5), 1.0))
+        )
+    return study
+
+
+@pytest.fixture
+def service() -> Iterator[PruneService]:
+    service = PruneService()
+    yield service
+    service.stop()
+
+
+def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(url, json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def stored(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+    return study.get_trials(deepcopy=False)[number]
+
+
+def test_the_sweeper_records_the_report_and_decides_on_its_study(
+    study: optuna.Study, service: PruneService
+) -> None:
+    assert service.url.startswith("http://127.0.0.1:")
+    bad, good = study.ask(), study.ask()
+    service.add(bad)
+    service.add(good)
+
+    assert post(service.url, {"trial": good.number, "step": 0, "value": 0.5}) == (
+        200,
+        {"prune": False},
+    )
+    assert post(service.url, {"trial": bad.number, "step": 0, "value": 9.0}) == (
+        200,
+        {"prune": True},
+    )
+    assert stored(study, good.number).intermediate_values == {0: 0.5}
+    assert stored(study, bad.number).intermediate_values == {0: 9.0}
+    assert stored(study, bad.number).system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
+    assert env_vars.PRUNED_AT_EPOCH_ATTR not in stored(study, good.number).system_attrs
+
+    # a step reported again (a job resumed inside an epoch) keeps its first value, silently;
+    # the epoch that got it pruned stays the first one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert post(service.url, {"trial": bad.number, "step": 0, "value": 0.1})[0] == 200
+        assert post(service.url, {"trial": bad.number, "step": 1, "value": 9.0})[1]["prune"]
+    assert stored(study, bad.number).intermediate_values == {0: 9.0, 1: 9.0}
+    assert stored(study, bad.number).system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
+
+
+def test_reports_it_cannot_take_are_refused_with_why(
+    study: optuna.Study, service: PruneService
+) -> None:
+    trial = study.ask()
+    status, answer = post(service.url, {"trial": trial.number, "step": 0, "value": 1.0})
+    assert (status, answer["error"]) == (404, f"trial {trial.number} is not running in this sweep")
+    service.add(trial)
+    status, answer = post(service.url, {"trial": trial.number, "step": "x", "value": 1.0})
+    assert status == 400 and "{trial, step, value}" in answer["error"]
+    service.discard(trial)  # told: its job reports no more
+    assert post(service.url, {"trial": trial.number, "step": 0, "value": 1.0})[0] == 404
+    assert stored(study, trial.number).intermediate_values == {}
+
+
+def test_a_job_reports_through_the_service_and_opens_no_storage(
+    study: optuna.Study, service: PruneService, tmp_path: Path
+) -> None:
+    def job(trial: optuna.Trial) -> OptunaPruning:
+        service.add(trial)
+        # a storage URL the job could not open: the service alone answers
+        missing = f"sqlite:///{tmp_path}/missing/optuna.db"
+        return OptunaPruning(missing, STUDY, trial.number, "val_loss", service_url=service.url)
+
+    good, bad = job(study.ask()), job(study.ask())
+    assert not good.report(0.5, 0) and not good.report(0.4, 1)
+    assert bad.report(7.0, 0)
+    assert (good.pruned_at_epoch, bad.pruned_at_epoch) == (None, 0)
+    assert good.reported == {0: 0.5, 1: 0.4} and good.service_url == service.url
+    assert stored(study, bad.trial_number).system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
+
+
+def test_a_job_whose_service_does_not_answer_reports_to_the_storage_itself(
+    study: optuna.Study, tmp_path: Path
+) -> None:
+    trial = study.ask()
+    url = f"http://127.0.0.1:{free_port()}/report"  # nothing listens there
+    pruning = OptunaPruning(
+        f"sqlite:///{tmp_path}/optuna.db", STUDY, trial.number, "val_loss",
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+        service_url=url,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"pruning service at .* did not decide trial") as seen:
+        assert pruning.report(9.0, 0)
+        assert pruning.report(9.0, 1)
+    assert len(seen) == 1  # once: then straight to the storage
+    assert pruning.service_url is None
+    assert stored(study, trial.number).intermediate_values == {0: 9.0, 1: 9.0}
+    assert stored(study, trial.number).system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
+
+
+def test_from_environ_takes_the_service_url() -> None:
+    env = {
+        env_vars.OPTUNA_STORAGE: "sqlite:///optuna.db",
+        env_vars.OPTUNA_STUDY: STUDY,
+        env_vars.OPTUNA_TRIAL_NUMBER: "3",
+        env_vars.OPTUNA_MONITOR: "val_loss",
+        env_vars.OPTUNA_PRUNE_URL: "http://127.0.0.1:5555/report",
+    }
+    assert OptunaPruning.from_environ(env).service_url == "http://127.0.0.1:5555/report"
+    del env[env_vars.OPTUNA_PRUNE_URL]
+    assert OptunaPruning.from_environ(env).service_url is None
+
+
+@pytest.mark.usefixtures("mlflow_store")
+def test_a_sweep_prunes_through_its_service_on_this_machine(tmp_path: Path) -> None:
+    """Through the CLI: furcate's launcher gives each trial's job the service's loopback URL
+    and the pruner stops trials there."""
+    from tests.conftest import run_optuna_study
+
+    result = run_optuna_study(
+        tmp_path,
+        "+epochs=4",
+        "+odd_jobs_worse=true",
+        "hydra.sweeper.monitor=loss",
+        "hydra.sweeper.n_trials=8",
+        "hydra.sweeper.pruner.n_startup_trials=2",
+        "hydra.sweeper.pruner.n_warmup_steps=0",
+        "hydra.launcher.preload=[furcate_hydra.lightning]",  # once, not in each job
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pruning service" not in result.stdout + result.stderr
+    study = optuna.load_study(study_name="optuna_app", storage=f"sqlite:///{tmp_path}/optuna.db")
+    trials = study.get_trials(deepcopy=False)
+    pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
+    # jobs 0 and 1 are the pruner's startup trials; from then on each odd one is pruned
+    assert len(trials) == 8 and len(pruned) >= 2, [t.state for t in trials]
+    for trial in pruned:
+        assert trial.system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == max(trial.intermediate_values)
+    urls = {
+        json.loads(path.read_text())["optuna_prune_url"]
+        for path in (tmp_path / "sweep").glob("*/probe.json")
+    }
+    assert len(urls) == 1
+    (url,) = urls
+    assert url is not None and url.startswith("http://127.0.0.1:"), url
+    for path in (tmp_path / "sweep").glob("*/reported.json"):
+        reported = json.loads(path.read_text())
+        assert reported["reported"], path
