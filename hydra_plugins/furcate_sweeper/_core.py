@@ -72,6 +72,10 @@ class SweepOptions:
         return cls(spec, size, bool(options["watch"]), float(interval))
 
 
+# A grid this big takes noticeable seconds to check before its first job: said first.
+_SAY_FROM_CONFIGS = 5_000
+
+
 class GridPlanner:
     """The configs a spec makes, less the excluded ones; composes through one GridFilter."""
 
@@ -81,9 +85,17 @@ class GridPlanner:
         self.arguments = list(arguments)
         self._parser = OverridesParser.create(config_loader=hydra_context.config_loader)
         self.filter = GridFilter(hydra_context, config)
+        self._said = False
 
     def plan(self, spec: SweepSpec) -> FilteredGrid:
         grid = expand_grid(spec, self.arguments, self._parser)
+        if len(grid) >= _SAY_FROM_CONFIGS and not self._said:
+            self._said = True
+            log.info(
+                "furcate: composing each of the grid's %d configs once, to check it before the "
+                "first job starts (a few ms each)",
+                len(grid),
+            )
         return self.filter.apply(grid, spec.rules)
 
 
