@@ -56,6 +56,7 @@ class MemoryProbe(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         began = time.monotonic()
+        self._began_wall = time.time()
         _samples.append((0.0, status_kib("VmRSS")))
         if self.trace:
             _types_at_start.update(_live_types())
@@ -74,6 +75,9 @@ class MemoryProbe(Callback):
         gc.collect()
         report: dict[str, Any] = {
             "sweep_s": round(sweep_s, 3),
+            # wall clock, to line the samples up with the jobs' own times (run_data.csv)
+            "began_wall": self._began_wall,
+            "ended_wall": time.time(),
             "rss_start_kib": _samples[0][1],
             "rss_end_kib": status_kib("VmRSS"),
             "rss_peak_kib": status_kib("VmHWM"),

@@ -15,6 +15,8 @@ At each size, with a fresh storage object (cold: nothing cached in the process):
   job open      what ``OptunaPruning`` does once per job: ``load_study`` + ``Trial``
   report/prune  ``trial.report`` + ``trial.should_prune`` (MedianPruner reads every finished
                 trial's value at that step), median over epochs
+  service       a job's report through the sweeper's prune service (the sweeper reports and
+                decides on the study it holds): its first epoch, and the median of the rest
 
 Ratios are to the same figure at 1,000 trials of the same storage, in the same run.
 Run: ``python bench/optuna_scale.py`` (~10 min) writes bench/results/optuna_scale.json.
@@ -190,7 +192,43 @@ def measure(url: str, trials: int, repeats: int) -> dict[str, Any]:
     figures["report_ms"] = round(statistics.median(report) * 1000, 2)
     figures["should_prune_ms"] = round(statistics.median(prune) * 1000, 2)
     figures["first_should_prune_ms"] = round(first_prune * 1000, 1)
+    figures.update(through_the_sweeper(url, space, pruner))
     return figures
+
+
+def through_the_sweeper(url: str, space: dict[str, Any], pruner: Any) -> dict[str, float]:
+    """A job of a sweep on this machine: it reports each epoch to the sweeper's prune service,
+    which decides on the study the sweeper holds (opened and read once per sweep, not timed
+    here: that is ``load``). Per epoch: the job's report, the sweeper's report + should_prune."""
+    import optuna
+
+    from furcate_hydra.lightning import OptunaPruning
+    from furcate_hydra.tuning.prune_service import PruneService
+    from furcate_hydra.tuning.storage import rdb_storage
+
+    sweeper = optuna.load_study(
+        study_name=STUDY, storage=rdb_storage(url), sampler=optuna.samplers.RandomSampler(),
+        pruner=pruner,
+    )  # fmt: skip
+    sweeper.get_trials(deepcopy=False)  # read once, as the sweeper did when it opened
+    trial = sweeper.ask(space)
+    service = PruneService()
+    try:
+        service.add(trial)
+        job = OptunaPruning(url, STUDY, trial.number, "m", pruner, service_url=service.url)
+        seconds = []
+        for epoch in range(EPOCHS):
+            began = time.perf_counter()
+            job.report(0.5 + 1.0 / (epoch + 1), epoch)
+            seconds.append(time.perf_counter() - began)
+        assert job.service_url is not None, "the service did not answer"
+    finally:
+        service.stop()
+        sweeper.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    return {
+        "service_first_report_ms": round(seconds[0] * 1000, 1),
+        "service_report_ms": round(statistics.median(seconds[1:]) * 1000, 2),
+    }
 
 
 @contextlib.contextmanager
@@ -229,7 +267,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def show(figures: dict[str, Any]) -> None:
     names = ("load_ms", "ask_tell_random_ms", "furcate_ask_tell_random_ms", "ask_tell_tpe_ms",
-             "furcate_ask_tell_tpe_ms", "job_open_ms", "report_ms", "should_prune_ms")  # fmt: skip
+             "furcate_ask_tell_tpe_ms", "job_open_ms", "report_ms", "should_prune_ms",
+             "first_should_prune_ms", "service_first_report_ms", "service_report_ms")  # fmt: skip
     print("| storage | trials | " + " | ".join(names) + " |")
     print("|---|---|" + "---|" * len(names))
     for kind, by_size in figures["runs"].items():
