@@ -25,6 +25,7 @@ from hydra_plugins.furcate_optuna_sweeper.config import (
     HyperbandPrunerConf,
     MedianPrunerConf,
     NoPrunerConf,
+    PercentilePrunerConf,
     SuccessiveHalvingPrunerConf,
 )
 from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
@@ -183,6 +184,7 @@ def test_grid_values_list_every_value_the_distribution_allows() -> None:
     "conf, expected",
     [
         (MedianPrunerConf, optuna.pruners.MedianPruner),
+        (PercentilePrunerConf, optuna.pruners.PercentilePruner),
         (SuccessiveHalvingPrunerConf, optuna.pruners.SuccessiveHalvingPruner),
         (HyperbandPrunerConf, optuna.pruners.HyperbandPruner),
         (NoPrunerConf, optuna.pruners.NopPruner),
@@ -193,6 +195,14 @@ def test_each_pruner_option_builds_its_optuna_pruner(conf: type, expected: type)
     values = OmegaConf.to_container(OmegaConf.structured(conf))
     assert isinstance(values, dict)
     assert isinstance(pruner_from_spec({str(k): v for k, v in values.items()}), expected)
+
+
+def test_a_pruner_furcate_optuna_does_not_offer_is_named_with_those_it_does() -> None:
+    with pytest.raises(OptionError) as error:
+        sweeper_options(pruner={"name": "wilcoxon"})
+    message = str(error.value)
+    assert "hydra.sweeper.pruner" in message and "wilcoxon" in message, message
+    assert "hydra/sweeper/pruner=median (or percentile," in message, message
 
 
 def sweeper_options(**options: Any) -> Any:

@@ -2,8 +2,8 @@
 
 ``sbatch --array=0-2 --gres=gpu:1 job.sh`` runs examples/optuna_pruning in three launchers at
 once, on one study (PostgreSQL) and one ``mlflow server`` (PostgreSQL too). ``n_trials`` counts
-the trials of all of them, and the median pruner compares a trial with the completed trials
-of every launcher.
+the trials of all of them, and the pruner compares a trial with the completed trials of every
+launcher.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_launchers_of_an_array_share_one_study(
     assert set(ran_in.values()) == {f"{job}_{i}" for i in range(TASKS)}, ran_in
 
     # pruning across launchers: a trial was pruned while completed trials of another
-    # launcher were in the study (the median pruner compares it with them)
+    # launcher were in the study (the pruner compares it with them)
     pruned = [t for t in trials if t.state is TrialState.PRUNED]
     assert pruned, (states, logs)
     across = [
@@ -82,7 +82,14 @@ def submit_study(slurm: SlurmCluster, tmp_path: Path, server: Server, storage: s
         f"hydra.sweeper.storage={storage}",
         f"hydra.sweeper.n_trials={N_TRIALS}",
         f"epochs={EPOCHS}",
-        "hydra.sweeper.pruner.n_startup_trials=2",
+        # a trial at a time per launcher, each stopped unless it beats the best tenth of the
+        # completed ones: the trials after the first three are pruned but for a new best each
+        # time (the median pruner, with six trials in a first wave and two after, left all
+        # eight COMPLETE once in a while: sampled at random, the two may beat the median)
+        "hydra.sweeper.n_jobs=1",
+        "hydra/sweeper/pruner=percentile",
+        "hydra.sweeper.pruner.percentile=10",
+        "hydra.sweeper.pruner.n_startup_trials=1",
         # one seed in every launcher would sample the same trials in each
         "hydra.sweeper.sampler.seed=null",
         f"hydra.sweep.dir={tmp_path}/{ARRAY_SWEEP_DIR}",

@@ -19,7 +19,7 @@ from furcate_hydra.sweeping.exclusion import ExclusionRule
 __all__ = ["DIRECTIONS", "OptunaOptions", "job_storage_url"]
 
 DIRECTIONS = ("minimize", "maximize")
-_PRUNERS = ("median", "successive_halving", "hyperband", "none")
+_PRUNERS = ("median", "percentile", "successive_halving", "hyperband", "none")
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class OptunaOptions:
                 "hydra.sweeper.pruner",
                 pruner,
                 f"is not a pruner furcate_optuna knows ({', '.join(_PRUNERS)})",
-                "pick one with hydra/sweeper/pruner=median (or successive_halving, hyperband, "
-                "none) and set its arguments as hydra.sweeper.pruner.<arg>=...",
+                "pick one with hydra/sweeper/pruner=median (or percentile, successive_halving, "
+                "hyperband, none) and set its arguments as hydra.sweeper.pruner.<arg>=...",
             )
         _check_pruner(pruner)
         monitor = options["monitor"]

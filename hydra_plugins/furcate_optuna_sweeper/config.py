@@ -94,6 +94,18 @@ class MedianPrunerConf:
 
 
 @dataclass
+class PercentilePrunerConf:
+    # the median pruner at another percentile: 25.0 stops a trial worse than the best quarter
+    # of the completed trials at the same step (for the study's direction)
+    name: str = "percentile"
+    percentile: float = 25.0
+    n_startup_trials: int = 5
+    n_warmup_steps: int = 0
+    interval_steps: int = 1
+    n_min_trials: int = 1
+
+
+@dataclass
 class SuccessiveHalvingPrunerConf:
     name: str = "successive_halving"
     min_resource: Any = "auto"
@@ -182,6 +194,7 @@ for _name, _node in (
     _STORE.store(group="hydra/sweeper/sampler", name=_name, node=_node, provider=PROVIDER)
 for _name, _pruner in (
     ("median", MedianPrunerConf),
+    ("percentile", PercentilePrunerConf),
     ("successive_halving", SuccessiveHalvingPrunerConf),
     ("hyperband", HyperbandPrunerConf),
     ("none", NoPrunerConf),
