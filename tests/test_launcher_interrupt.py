@@ -121,3 +121,7 @@ def test_a_ctrl_c_python_lost_is_raised_at_the_next_check() -> None:
     finally:
         interrupts.restore()
     assert signal.getsignal(signal.SIGINT) is not interrupts._handle
+    # the session's signal stays its own: its exit status names it, and code that checks
+    # after it (a scheduler outside any session, in the same process) is not interrupted
+    assert interrupts.received() == signal.SIGINT
+    interrupts.check()

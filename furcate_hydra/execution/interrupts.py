@@ -45,13 +45,16 @@ def restore() -> None:
 
 
 def received() -> int | None:
-    """The first signal received since ``install``, if any."""
+    """The first signal received since ``install``, if any (after ``restore`` too: the
+    session's exit status names it)."""
     return _received[0] if _received else None
 
 
 def check() -> None:
-    """Raise the KeyboardInterrupt of a signal received before, if Python lost it."""
-    if _received:
+    """Raise the KeyboardInterrupt of a signal received before, if Python lost it; only while
+    installed: a signal of a session that ended is not the next caller's (a process may run
+    a scheduler outside any session, or one session after another)."""
+    if _received and _previous:
         raise KeyboardInterrupt(f"received {signal.Signals(_received[0]).name}")
 
 
