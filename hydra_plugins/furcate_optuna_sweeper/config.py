@@ -94,15 +94,11 @@ class MedianPrunerConf:
 
 
 @dataclass
-class PercentilePrunerConf:
-    # the median pruner at another percentile: 25.0 stops a trial worse than the best quarter
-    # of the completed trials at the same step (for the study's direction)
+class PercentilePrunerConf(MedianPrunerConf):
+    # the median pruner at another percentile (Optuna's MedianPruner is its 50.0): 25.0 stops
+    # a trial worse than the best quarter of the completed ones at the same step
     name: str = "percentile"
     percentile: float = 25.0
-    n_startup_trials: int = 5
-    n_warmup_steps: int = 0
-    interval_steps: int = 1
-    n_min_trials: int = 1
 
 
 @dataclass
