@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from furcate_hydra.ray_backend.cluster import USAGE_STATS_VAR
 from tests.conftest import REPO
 from tests.test_store_server import free_port
 
@@ -197,6 +198,8 @@ class Sockets:
     off_loopback: set[str] = field(default_factory=set)
     gcs_ports: set[int] = field(default_factory=set)  # where a gcs_server listened
     launcher_peers: set[int] = field(default_factory=set)  # ports the launcher connected to
+    # RAY_USAGE_STATS_ENABLED in each gcs_server's environment ("unset" where it had none)
+    usage_stats: set[str] = field(default_factory=set)
 
     def sample(self, processes: list[psutil.Process], launcher: str) -> None:
         for process in processes:
@@ -204,6 +207,8 @@ class Sockets:
                 name = process.name()
                 who = "launcher" if launcher in process.cmdline() else name
                 connections = process.net_connections(kind="inet")
+                if name == "gcs_server":
+                    self.usage_stats.add(process.environ().get(USAGE_STATS_VAR, "unset"))
             except psutil.Error:
                 continue
             for conn in connections:

@@ -296,7 +296,7 @@ def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     import optuna
 
     example = REPO / "examples" / "optuna_pruning" / "optuna_pruning.py"
-    with loopback_only(None, example):  # the launcher's own Ray instance: loopback too
+    with loopback_only(None, example) as sockets:  # the launcher's own Ray instance too
         done = run_cli(
             example,
             *("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.backend=ray"),
@@ -308,6 +308,8 @@ def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     assert done.returncode == 0, out[-4000:]
     assert "2 Ray slots (no GPU, 1 CPU each) on 1 node of a Ray instance on this machine" in out
     assert out.count("Started a local Ray instance") == 1, "Ray was started again at exit"
+    # the instance the launcher started reports no usage stats (they ask 169.254.169.254)
+    assert sockets.usage_stats == {"0"}, sockets.usage_stats
     study = optuna.load_study(
         study_name="optuna_pruning", storage=f"sqlite:///{tmp_path / 'optuna.db'}"
     )

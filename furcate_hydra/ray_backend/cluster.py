@@ -20,7 +20,7 @@ from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import Slot, SlotPlan, jobs_on_gpu
 from furcate_hydra.ray_backend.options import ADDRESS_KEY, BACKEND_KEY, RayOptions, parse_address
 
-__all__ = ["RaySlotPlan", "connect", "import_ray", "plan_ray_slots"]
+__all__ = ["USAGE_STATS_VAR", "RaySlotPlan", "connect", "import_ray", "plan_ray_slots"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,10 @@ class RaySlotPlan(SlotPlan):
             f"{n} Ray slot{'' if n == 1 else 's'} ({each} each) on {self.nodes} "
             f"node{'' if self.nodes == 1 else 's'} of {self.address}"
         )
+
+
+# Ray's own switch for its usage stats, read by the processes of an instance it starts
+USAGE_STATS_VAR = "RAY_USAGE_STATS_ENABLED"
 
 
 def import_ray() -> ModuleType:
@@ -86,6 +90,10 @@ def connect(options: RayOptions, log_to_driver: bool) -> ModuleType:
     }
     if options.address is None:
         kwargs.update(include_dashboard=False)
+        # The instance started here is the sweep's, not one the user set up: Ray's usage
+        # stats (on unless disabled) would ask the cloud metadata address (169.254.169.254)
+        # and report to Ray's servers. RAY_USAGE_STATS_ENABLED=1 in the environment keeps them.
+        os.environ.setdefault(USAGE_STATS_VAR, "0")
     try:
         ray.init(**kwargs)
     except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:

@@ -32,7 +32,8 @@ class MlflowConf:
 @dataclass
 class RayConf:
     # the cluster: auto (the one this machine belongs to), HOST:PORT of its head, or
-    # ray://HOST:PORT; unset: start a Ray instance on this machine
+    # ray://HOST:PORT; unset: start a Ray instance on this machine (its usage stats off,
+    # unless RAY_USAGE_STATS_ENABLED=1 is in the environment)
     address: Optional[str] = None
     # Ray namespace the slot actors live in (unset: an anonymous one)
     namespace: Optional[str] = None
