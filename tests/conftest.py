@@ -28,6 +28,25 @@ APPS = Path(__file__).parent / "apps"
 REPO = Path(__file__).parent.parent
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup`` (pyproject's addopts), a worker's test marked ``xdist_group``
+    carries its group in its node id: that is how xdist keeps a group on one worker. A pytest
+    that drops it (pytest-xdist issue 1386, pytest 9.2) spreads a group over both workers
+    without a word, and the tests that share a store or a cluster then fail by chance."""
+    if not session.config.getoption("loadgroup", default=False):
+        return  # not an xdist worker under loadgroup
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup lost the xdist_group of {len(lost)} tests (e.g. {lost[0]}) with "
+            f"pytest {pytest.__version__}: install the dev extra's pytest (below 9.2)"
+        )
+
+
 def run_cli(
     script: Path,
     *overrides: str,
