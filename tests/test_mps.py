@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -53,9 +54,10 @@ def short_dir() -> Iterator[Path]:
 @pytest.fixture(autouse=True)
 def nothing_left_running(short_dir: Path, tmp_path: Path) -> Iterator[None]:
     """After each test, no fake daemon nor watchdog of this test still runs (any found is
-    killed, and the test fails)."""
+    killed, and the test fails). One still ending gets 5 s: a watchdog that stopped its
+    daemon exits a moment later (its interpreter's shutdown, slow on a busy machine)."""
     yield
-    left = []
+    found: dict[psutil.Process, str] = {}
     for process in psutil.process_iter(["pid", "cmdline"]):
         command = " ".join(process.info["cmdline"] or [])
         if BINARY not in command and mps_watch.__name__ not in command:
@@ -66,9 +68,12 @@ def nothing_left_running(short_dir: Path, tmp_path: Path) -> Iterator[None]:
             continue
         dirs = (environ.get(f"CUDA_MPS_{kind}_DIRECTORY", "") for kind in ("PIPE", "LOG"))
         if any(d.startswith((str(short_dir), str(tmp_path))) for d in dirs):
-            left.append(command)
+            found[process] = command
+    _, alive = psutil.wait_procs(list(found), timeout=5)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
             process.kill()
-    assert left == []
+    assert [found[process] for process in alive] == []
 
 
 @pytest.fixture(autouse=True)
