@@ -15,11 +15,12 @@ from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.hydra_layer.grid import SweepSpec
 from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
 from furcate_hydra.sweeping.exclusion import ExclusionRule
+from hydra_plugins.furcate_optuna_sweeper.config import PRUNER_CONFS
 
 __all__ = ["DIRECTIONS", "OptunaOptions", "job_storage_url"]
 
 DIRECTIONS = ("minimize", "maximize")
-_PRUNERS = ("median", "percentile", "successive_halving", "hyperband", "none")
+_PRUNERS = tuple(PRUNER_CONFS)  # the config group's names
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ class OptunaOptions:
                 "hydra.sweeper.pruner",
                 pruner,
                 f"is not a pruner furcate_optuna knows ({', '.join(_PRUNERS)})",
-                "pick one with hydra/sweeper/pruner=median (or percentile, successive_halving, "
-                "hyperband, none) and set its arguments as hydra.sweeper.pruner.<arg>=...",
+                f"pick one with hydra/sweeper/pruner={_PRUNERS[0]} (or {', '.join(_PRUNERS[1:])}) "
+                "and set its arguments as hydra.sweeper.pruner.<arg>=...",
             )
         _check_pruner(pruner)
         monitor = options["monitor"]

@@ -188,11 +188,14 @@ for _name, _node in (
     ("qmc", QMCSamplerConf),
 ):
     _STORE.store(group="hydra/sweeper/sampler", name=_name, node=_node, provider=PROVIDER)
-for _name, _pruner in (
-    ("median", MedianPrunerConf),
-    ("percentile", PercentilePrunerConf),
-    ("successive_halving", SuccessiveHalvingPrunerConf),
-    ("hyperband", HyperbandPrunerConf),
-    ("none", NoPrunerConf),
-):
+# hydra/sweeper/pruner=<name>; the sweeper's options check names these (median first: the
+# default, the others as alternatives)
+PRUNER_CONFS: Dict[str, Any] = {
+    "median": MedianPrunerConf,
+    "percentile": PercentilePrunerConf,
+    "successive_halving": SuccessiveHalvingPrunerConf,
+    "hyperband": HyperbandPrunerConf,
+    "none": NoPrunerConf,
+}
+for _name, _pruner in PRUNER_CONFS.items():
     _STORE.store(group="hydra/sweeper/pruner", name=_name, node=_pruner, provider=PROVIDER)
