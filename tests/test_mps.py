@@ -25,6 +25,7 @@ from furcate_hydra.execution.mps import (
     BINARY,
     KEY,
     MPS_FAULT_BEHAVIOUR,
+    START_TIMEOUT_S,
     MpsDaemon,
     MpsFaultScan,
     check_mps_mode,
@@ -32,7 +33,7 @@ from furcate_hydra.execution.mps import (
 )
 from furcate_hydra.execution.mps_watch import WATCH_LOG, control_answers
 from furcate_hydra.layout import SweepPaths
-from tests.process_helpers import alive, still_alive, wait_for
+from tests.process_helpers import alive, still_alive
 
 FAKE = Path(__file__).parent / "fakes" / BINARY
 TIME_SLICE = "jobs sharing a GPU time-slice it"
@@ -241,20 +242,27 @@ def test_nothing_starts_and_nothing_is_said(
     assert said == [] and not sweep.exists()
 
 
+def user_daemon(pipe: Path, env: dict[str, str]) -> int:
+    """``nvidia-cuda-mps-control -d`` (the fake) at ``pipe``, as a user starts one: its pid."""
+    started = subprocess.run(
+        [str(FAKE), "-d"], env={**env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    return int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+
+
+@pytest.mark.parametrize("client", ["client on PATH", "no client on PATH"])
 @pytest.mark.parametrize("where", ["CUDA_MPS_PIPE_DIRECTORY", "default pipe dir"])
 def test_a_daemon_the_user_started_is_used_and_left_running(
-    where: str, short_dir: Path, no_default_daemon: Path, env: dict[str, str],
+    where: str, client: str, short_dir: Path, no_default_daemon: Path, env: dict[str, str],
     no_binary: dict[str, str],
 ) -> None:  # fmt: skip
     pipe = short_dir / "user-pipe" if where == "CUDA_MPS_PIPE_DIRECTORY" else no_default_daemon
-    pipe.mkdir()
-    user = subprocess.Popen(
-        [str(FAKE), "-f"], env={**env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, cwd=short_dir
-    )
+    pid = user_daemon(pipe, env)
     try:
-        wait_for(lambda: control_answers(pipe / "control"), user, "the user's daemon", 10)
-        # found even where furcate could not start one (no binary on PATH)
-        launcher_env = dict(no_binary)
+        # without the client on PATH (furcate could not start one) it is found by its socket
+        launcher_env = dict(env if client == "client on PATH" else no_binary)
         if where == "CUDA_MPS_PIPE_DIRECTORY":
             launcher_env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
         said: list[str] = []
@@ -263,27 +271,77 @@ def test_a_daemon_the_user_started_is_used_and_left_running(
             f"furcate: MPS: using the daemon already running (pipe dir {pipe}); furcate "
             "leaves it as it is"
         ]
-        assert not daemon.owned
+        assert not daemon.owned and not SweepPaths.of(short_dir / "sweep").mps_log_dir.exists()
         expected = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)} if pipe != no_default_daemon else {}
         assert daemon.env() == expected
         daemon.stop()
-        assert user.poll() is None and control_answers(pipe / "control")
-        assert "Cmd:quit" not in (pipe / "control.log").read_text()
+        assert alive(pid) and control_answers(pipe / "control")
+        logged = (pipe / "control.log").read_text()
+        assert "Cmd:quit" not in logged
+        # where NVIDIA's client is on PATH, furcate asked the daemon through it
+        assert ("Cmd:get_server_list" in logged) == (client == "client on PATH")
     finally:
-        user.kill()
-        user.wait()
+        os.kill(pid, signal.SIGKILL)
 
 
-def test_a_socket_nobody_answers_is_no_daemon(
-    short_dir: Path, no_default_daemon: Path, env: dict[str, str]
+@pytest.mark.parametrize("left", ["a socket nobody answers", "a SOCK_STREAM server"])
+def test_a_socket_that_is_no_mps_daemon_is_no_daemon(
+    left: str, short_dir: Path, no_default_daemon: Path, env: dict[str, str]
 ) -> None:
     no_default_daemon.mkdir()
-    with socket.socket(socket.AF_UNIX) as stale:  # left by a daemon that died
-        stale.bind(str(no_default_daemon / "control"))
-    said: list[str] = []
-    daemon = start(short_dir / "sweep", env, said)
-    daemon.stop()
-    assert daemon.owned
+    kind = socket.SOCK_STREAM
+    with socket.socket(socket.AF_UNIX, kind) as other:  # left by a daemon that died, or not MPS
+        other.bind(str(no_default_daemon / "control"))
+        if left == "a SOCK_STREAM server":
+            other.listen(1)
+        said: list[str] = []
+        daemon = start(short_dir / "sweep", env, said)
+        daemon.stop()
+    assert daemon.owned and daemon.pipe_dir != no_default_daemon
+
+
+def test_a_client_that_hangs_is_killed_and_counts_as_no_answer(
+    short_dir: Path, env: dict[str, str]
+) -> None:
+    """A SOCK_SEQPACKET listener that never accepts: the client's connect is queued and its
+    command waits for an answer that never comes."""
+    pipe = short_dir / "pipe"
+    pipe.mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as mute:
+        mute.bind(str(pipe / "control"))
+        mute.listen(8)
+        assert control_answers(pipe / "control")
+        began = time.monotonic()
+        answered, why = mps_watch.client_answers(str(FAKE), pipe, env, timeout_s=1.0)
+        took = time.monotonic() - began
+        assert not mps_watch.daemon_answers(pipe, str(FAKE), env, timeout_s=1.0)
+    assert not answered
+    assert why == f"`echo get_server_list | {FAKE}` did not end within 1 s (killed)"
+    assert 1.0 <= took < 3.0
+    assert mps_watch.daemon_answers(pipe, None) is False  # its file is left: nothing listens
+
+
+def test_the_watchdog_refuses_a_pipe_dir_where_a_daemon_answers_already(
+    short_dir: Path, env: dict[str, str]
+) -> None:
+    pipe, logs = short_dir / "pipe", short_dir / "log"
+    logs.mkdir()
+    first = user_daemon(pipe, {**env, "CUDA_MPS_LOG_DIRECTORY": str(logs)})
+    try:
+        watchdog = subprocess.run(
+            [sys.executable, "-m", mps_watch.__name__, "--binary", str(FAKE), "--pipe-dir",
+             str(pipe), "--log-dir", str(logs), "--grace", "1"],
+            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert watchdog.returncode == 1, watchdog.stderr
+        assert json.loads(watchdog.stdout) == {
+            "failed": f"another MPS control daemon already answers at {pipe / 'control'}"
+        }
+        assert alive(first) and control_answers(pipe / "control")  # left alone
+        logged = (logs / "control.log").read_text()
+        assert "Cmd:get_server_list" in logged and "Cmd:quit" not in logged
+    finally:
+        os.kill(first, signal.SIGKILL)
 
 
 LAUNCHER = """
@@ -389,11 +447,49 @@ def test_a_daemon_that_never_answers_is_reported_with_its_log_and_ended(
     assert start_mps("auto", ["0"], True, sweep, environ=hung, compute_modes=modes(),
                      timeout_s=1.0, grace_s=1.0, say=said.append) is None  # fmt: skip
     [line] = said
-    assert line.startswith("furcate: MPS off: the MPS control daemon did not start: its socket")
-    assert "did not answer within 1 s" in line and "fake daemon: never opening the socket" in line
+    assert line.startswith(
+        "furcate: MPS off: the MPS control daemon did not start: it did not answer within 1 s "
+        f"(its socket {SweepPaths.of(sweep).mps_pipe_dir / 'control'} took no SOCK_SEQPACKET "
+        "connection)"
+    )
+    assert "fake daemon: never opening the socket" in line
     logged = (SweepPaths.of(sweep).mps_log_dir / "control.log").read_text()
     pid = int(logged.split(" Control ")[1].split("]")[0])
     assert still_alive([pid], timeout=2) == []
+
+
+def test_auto_gives_a_daemon_that_never_answers_a_few_seconds_and_goes_on(
+    short_dir: Path, env: dict[str, str]
+) -> None:
+    said: list[str] = []
+    hung = {**env, "FAKE_MPS_NEVER_READY": "1"}
+    wait = START_TIMEOUT_S["auto"]
+    assert wait <= 5.0 < START_TIMEOUT_S["on"]
+    began = time.monotonic()
+    assert start_mps("auto", ["0"], True, short_dir / "sweep", environ=hung,
+                     compute_modes=modes(), say=said.append) is None  # fmt: skip
+    took = time.monotonic() - began
+    # the daemon that never answered is killed at once, not given quit's grace period (10 s)
+    assert wait <= took < wait + 3.0, took
+    [line] = said
+    assert f"it did not answer within {wait:g} s" in line and line.endswith(TIME_SLICE)
+
+
+def test_on_where_the_daemon_never_answers_is_an_error_within_its_timeout(
+    short_dir: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(mps.START_TIMEOUT_S, "on", 2.0)  # 30 s: too long for a test
+    hung = {**env, "FAKE_MPS_NEVER_READY": "1"}
+    began = time.monotonic()
+    with pytest.raises(FurcateConfigError) as raised:
+        start_mps("on", ["0"], True, short_dir / "sweep", environ=hung, compute_modes=modes())
+    took = time.monotonic() - began
+    assert 2.0 <= took < 5.0, took
+    error = raised.value
+    assert (error.key, error.value) == (KEY, "on")
+    assert "the MPS control daemon did not start: it did not answer within 2 s" in error.problem
+    assert "fake daemon: never opening the socket" in error.problem
+    assert f"set {KEY}=auto or off" in error.fix
 
 
 def test_on_where_the_daemon_exits_at_start_is_an_error_with_its_log(
@@ -475,6 +571,15 @@ def test_the_fault_scan_reports_each_fault_once_naming_the_gpu(tmp_path: Path) -
     control.write_text("[2024-05-01 13:00:00.000 Control 11] Server 21 exited with status 1\n")
     [third] = scan.faults()  # a new control.log, shorter than the one read: read from its start
     assert "the MPS control daemon (pid 11)" in third
+
+
+def test_the_fault_scan_reads_pids_padded_as_nvidias_logs_pad_them(tmp_path: Path) -> None:
+    (tmp_path / "control.log").write_text(
+        "[2026-02-06 09:34:17.770 Control   261] Starting control daemon using socket x\n"
+        "[2026-02-06 09:34:40.100 Control   261] Server 337 exited with status 1\n"
+    )
+    [fault] = MpsFaultScan(tmp_path).faults()
+    assert fault.startswith("furcate: MPS: the MPS control daemon (pid 261) reported a fault")
 
 
 def test_the_fault_note_says_what_mps_isolates_and_what_not() -> None:

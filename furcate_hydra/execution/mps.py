@@ -9,6 +9,8 @@
       └─ python -m furcate_hydra.execution.mps_watch ─ nvidia-cuda-mps-control -f
          (own session; CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY, CUDA_VISIBLE_DEVICES
          = the sweep's GPUs, CUDA_DEVICE_ORDER=PCI_BUS_ID) ........ MpsDaemon(owned=True)
+         └─ it does not answer within START_TIMEOUT_S[mode] (auto 5 s, on 30 s): killed;
+            auto: None and one line why; on: FurcateConfigError
     MpsDaemon.stop() / Ctrl-C / a crash / kill -9 of the launcher: the watchdog's stdin closes,
     it sends the daemon ``quit`` and SIGKILLs it after a grace period (see ``mps_watch``).
 
@@ -21,8 +23,10 @@ appendices; and the ``nvidia-cuda-mps-control`` man page):
   its servers down. A CUDA process connects to the daemon of the pipe dir in its environment
   (``/tmp/nvidia-mps`` by default) and runs without MPS where none answers there.
 - The pipe dir holds the daemon's unix sockets; ``control`` is the one clients connect to
-  (assumed from the default install, ``/tmp/nvidia-mps/control``). A socket path has at most
-  107 bytes (``sun_path``), and room is left for the names MPS gives its other sockets.
+  (as in the default install, ``/tmp/nvidia-mps/control``). A socket path has at most 107
+  bytes (``sun_path``), and room is left for the names MPS gives its other sockets. Whether a
+  daemon answers there is asked as ``mps_watch.daemon_answers`` says (its socket's type was
+  measured on an H200, not documented).
 - ``CUDA_MPS_LOG_DIRECTORY`` holds ``control.log`` and the servers' ``server.log``.
 - ``CUDA_VISIBLE_DEVICES`` in the daemon's environment remaps the GPUs: a job then names the
   k-th GPU of that list as index k, or by UUID (``MpsDaemon.visible_device``).
@@ -51,6 +55,7 @@ __all__ = [
     "KEY",
     "MPS_FAULT_BEHAVIOUR",
     "MPS_MODES",
+    "START_TIMEOUT_S",
     "ComputeModes",
     "MpsDaemon",
     "MpsFaultScan",
@@ -62,6 +67,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MPS_MODES = ("auto", "on", "off")
+# How long the daemon furcate starts may take to answer. The real one answered at once on an
+# H200: auto gives up soon, as the sweep runs without MPS anyway; on waits longer for a slow
+# machine, the sweep cannot run without it.
+START_TIMEOUT_S = {"auto": 5.0, "on": 30.0}
 KEY = "hydra.launcher.mps"
 BINARY = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIR = Path("/tmp/nvidia-mps")
@@ -131,7 +140,7 @@ def start_mps(
     *,
     environ: Mapping[str, str] | None = None,
     compute_modes: ComputeModes | None = None,
-    timeout_s: float = 30.0,
+    timeout_s: float | None = None,
     grace_s: float = 10.0,
     say: Callable[[str], None] | None = None,
 ) -> MpsDaemon | None:
@@ -145,7 +154,8 @@ def start_mps(
         environ: The launcher's environment (``os.environ`` if None): PATH to find the
             binary, a user's CUDA_MPS_PIPE_DIRECTORY.
         compute_modes: Reads each GPU's compute mode (``nvml_compute_modes`` if None).
-        timeout_s: How long the daemon may take until its control socket answers.
+        timeout_s: How long the daemon may take until it answers (START_TIMEOUT_S[mode]
+            if None).
         grace_s: How long ``quit`` may take at the end before the daemon is killed.
         say: Where the one line saying what was done goes (``log.info`` if None).
 
@@ -162,6 +172,7 @@ def start_mps(
     tell = say or log.info
     if mode == "off" or (mode == "auto" and not (shared and devices)):
         return None
+    timeout_s = START_TIMEOUT_S[mode] if timeout_s is None else timeout_s
     user = _user_daemon(env)
     if user is not None:
         tell(user.line)
@@ -183,10 +194,11 @@ def start_mps(
 
 
 def _user_daemon(env: Mapping[str, str]) -> MpsDaemon | None:
-    """The daemon a CUDA job of this environment would reach already, if one answers."""
+    """The daemon a CUDA job of this environment would reach already, if one answers: to
+    NVIDIA's client where it is on PATH, else to a connect to its control socket."""
     named = env.get(PIPE_ENV)
     pipe_dir = Path(named) if named else DEFAULT_PIPE_DIR
-    if not mps_watch.control_answers(pipe_dir / mps_watch.CONTROL_SOCKET):
+    if not mps_watch.daemon_answers(pipe_dir, shutil.which(BINARY, path=env.get("PATH")), env):
         return None
     line = (
         f"furcate: MPS: using the daemon already running (pipe dir {pipe_dir}); "

@@ -2,7 +2,8 @@
 
 The MPS control daemon writes ``control.log`` in its log dir (``CUDA_MPS_LOG_DIRECTORY``); each
 server it starts writes ``server.log`` there (``<log dir>/<server>/server.log`` in releases that
-name their servers). A line reads ``[2024-05-01 12:00:00.123 Server 4567] message``. NVIDIA
+name their servers). A line reads ``[2024-05-01 12:00:00.123 Server  4567] message`` (the pid
+right-aligned in 5 columns, as in the control daemon logs NVIDIA's users post). NVIDIA
 documents which events these logs hold (server start and exit, clients connecting) but not the
 wording of a fault, so the scan takes a line whose message speaks of a fatal error, an
 exception, a fault, an Xid, or a process that exited with a non-zero status, and quotes it as
@@ -31,7 +32,7 @@ MPS_FAULT_BEHAVIOUR = (
 )
 
 _LINE = re.compile(
-    r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? (?P<who>\w+) (?P<pid>\d+)\]\s*"
+    r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? (?P<who>\w+) +(?P<pid>\d+)\]\s*"
     r"(?P<message>.*)$"
 )
 _FAULT = re.compile(
