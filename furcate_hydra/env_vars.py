@@ -19,6 +19,7 @@ __all__ = [
     "OPTUNA_STUDY",
     "OPTUNA_TRIAL_NUMBER",
     "OUTPUT_DIR",
+    "PROGRESS_EVERY_S",
     "PRUNED_AT_EPOCH_ATTR",
     "RESUMED_OUTPUT_DIR",
     "RUN_ID",
@@ -39,6 +40,9 @@ LIGHTNING = "FURCATE_LIGHTNING"
 # takes besides the epoch ones (absent: none of that kind)
 CHECKPOINT_EVERY_N_STEPS = "FURCATE_CHECKPOINT_EVERY_N_STEPS"
 CHECKPOINT_EVERY_S = "FURCATE_CHECKPOINT_EVERY_S"
+# least seconds between two writes of progress.json mid-epoch (absent: 5); under
+# jobs_per_gpu=auto the launcher asks for 1 s, as it measures steps/s from them
+PROGRESS_EVERY_S = "FURCATE_PROGRESS_EVERY_S"
 
 # Set by the Optuna sweeper in each trial's job (all four or none): the job reports its
 # monitored metric each epoch to trial TRIAL_NUMBER of STUDY in STORAGE.

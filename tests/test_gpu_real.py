@@ -148,6 +148,31 @@ def test_auto_runs_more_than_one_small_job_at_a_time(tmp_path: Path) -> None:
     assert {s["CUDA_VISIBLE_DEVICES"] for s in seen_by_jobs(tmp_path)} == {"0"}
 
 
+@pytest.mark.timeout(180)
+def test_auto_learns_jobs_of_a_few_seconds_whatever_the_trace_interval(tmp_path: Path) -> None:
+    # the trace samples every 10 s; auto reads the GPU twice a second on its own
+    overrides = ["mode=hold", "i=range(0,8)", "gib=0.25", "hold_s=3"]
+    limits = ["hydra.launcher.max_jobs_per_gpu=4", "hydra.launcher.trace_interval_s=10"]
+    sweep(tmp_path, *overrides, *limits, *AUTO, jobs=8)
+    figures = only_gpu(tmp_path)
+    assert figures["peak_gib_per_job"] > 0.25, figures  # the tensor and the CUDA context
+    assert figures["max_reached"] > 1, figures
+
+
+@pytest.mark.timeout(240)
+def test_a_fixed_count_that_does_not_fit_loses_no_job(tmp_path: Path) -> None:
+    # 4 at a time by the user's count, each job 30 % of the GPU: the 4th runs out of memory,
+    # is queued again, and the GPU runs 3 at a time from then on
+    overrides = ["mode=hold", "i=range(0,8)", "fraction=0.3", "hold_s=4"]
+    fixed = ["hydra.launcher.jobs_per_gpu=4", "hydra.launcher.mps=off"]
+    output = sweep(tmp_path, *overrides, *fixed, jobs=8)
+    tried = attempts(tmp_path)
+    assert any(a.outcome == "oom" for a in tried), "no job ran out of GPU memory"
+    assert "for the rest of the sweep" in output
+    figures = only_gpu(tmp_path)
+    assert figures["oom_backoffs"] >= 1 and figures["jobs_at_a_time"] <= 3, figures
+
+
 @pytest.mark.timeout(420)
 def test_auto_backs_off_when_jobs_outgrow_the_gpu(tmp_path: Path) -> None:
     # job 0 is small and short, so auto opens its 3 slots; the others hold 0.25 GiB for 8 s

@@ -88,8 +88,8 @@ class FakeCluster:
 
 @pytest.mark.parametrize(("gb", "jobs"), [(9.5, 8), (30.0, 2), (100.0, 1), (4.0, 8)])
 def test_memory_sizing_gives_ray_the_share_the_local_backend_gives(gb: float, jobs: int) -> None:
-    # one GPU of 80 GiB (max_jobs_per_gpu: 8): locally its free memory, on Ray the size named
-    options = parse_launcher_options({"gpu_mem_per_job_gb": gb}).slots
+    # one GPU of 80 GiB, at most 8 jobs: locally its free memory, on Ray the size named
+    options = parse_launcher_options({"gpu_mem_per_job_gb": gb, "max_jobs_per_gpu": 8}).slots
     local = plan_slots(
         options, environ={}, probe=FakeProbe(["0"], {"0": 80 * GIB}), available_cpus=[0, 1]
     )

@@ -44,8 +44,8 @@ OPTUNA: Parse = FurcateOptunaSweeper.parse_options
             LAUNCHER,
             {"colour": "blue"},  # nothing close: every option is listed
             "Invalid hydra.launcher.colour='blue': not an option of hydra/launcher=furcate. "
-            "Fix: set one of its options instead: allow_cpu, backend, checkpoint_every_n_steps, "
-            "checkpoint_every_s, code_change,",
+            "Fix: set one of its options instead: allow_cpu, auto_min_gain, backend, "
+            "checkpoint_every_n_steps, checkpoint_every_s,",
         ),
         (
             GRID,

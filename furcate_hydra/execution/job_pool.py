@@ -64,8 +64,8 @@ class JobPool:
     def __init__(
         self, transport: Transport, options: PoolOptions, packing: GpuPacking | None = None
     ) -> None:
-        """``packing``: with ``jobs_per_gpu=auto``, what opens and closes GPU slots (the
-        transport's slot book asks it too); a job that ran out of GPU memory is its to judge."""
+        """``packing``: for GPU slots, what opens and closes them (the transport's slot book
+        asks it too); a job that ran out of GPU memory is its to judge."""
         self.options = options
         self.packing = packing
         self._stderr_from: dict[str, int] = {}  # packed jobs: where their attempt's stderr starts
@@ -318,7 +318,7 @@ class JobPool:
             self._crashed(job, why if ended.where is None else f"{why} (on {ended.where})")
         if self.packing is not None:
             self._stderr_from.pop(job.key, None)
-            self.packing.ended(job.key)
+            self.packing.ended(job.key, report.gpu_peak_bytes if report is not None else None)
 
     def _out_of_memory(self, job: Job, report: ChildReport | None) -> tuple[str, bool] | None:
         """For a packed GPU job that did not complete: what said it ran out of GPU memory,

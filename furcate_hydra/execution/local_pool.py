@@ -132,6 +132,10 @@ class LocalTransport(Transport):
         self._slots = SlotBook(plan.slots, packing.capacity if packing is not None else None)
         self._jobs: dict[str, Job] = {}  # placed: on a slot, or ahead of one
         self._ahead: dict[str, Job] = {}  # forked ahead, waiting at their gates for a slot
+        # The server hands an ended job's slot to a job ahead at once, before the launcher
+        # hears of the end: on a shared GPU that would keep a slot an out-of-memory closed.
+        shared = any(count > 1 for count in plan.slots_per_gpu().values())
+        self._fork_ahead = options.fork_ahead and not (packing is not None and shared)
 
     @property
     def slot_count(self) -> int:
@@ -168,9 +172,7 @@ class LocalTransport(Transport):
 
     def has_room(self) -> bool:
         # Free slots went to the jobs ahead first (``_offer``): one left is the queue's.
-        return bool(self._slots.free) or (
-            self.options.fork_ahead and len(self._ahead) < self.slot_count
-        )
+        return bool(self._slots.free) or (self._fork_ahead and len(self._ahead) < self.slot_count)
 
     def place(self, job: Job) -> Placed | None:
         """Have the server fork the job: on a free slot, or ahead of one."""

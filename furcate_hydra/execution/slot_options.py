@@ -31,11 +31,12 @@ class SlotOptions:
     gpus: Sequence[int | str] | str | None
     jobs_per_gpu: int | str | None
     gpu_mem_per_job_gb: float | None
-    max_jobs_per_gpu: int
+    max_jobs_per_gpu: int | None
     max_workers: int | None
     cpus_per_job: int | None
     allow_cpu: bool
     gpu_mem_margin_gb: float = 0.5
+    auto_min_gain: float = 0.05
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -51,13 +52,13 @@ def _validate(options: SlotOptions) -> None:
     fixes = {
         "jobs_per_gpu": "set it to 1 or more, auto (learn it from measured GPU memory), or "
         "null for one job per GPU",
-        "max_jobs_per_gpu": "set it to 1 or more (default 8)",
+        "max_jobs_per_gpu": "set it to 1 or more, or null for as many as the cores can drive",
         "max_workers": "set it to 1 or more, or null for no cap",
         "cpus_per_job": "set it to 1 or more, or null to leave cores unpinned",
     }
     for name, fix in fixes.items():
         value = getattr(options, name)
-        if value is None and name != "max_jobs_per_gpu":
+        if value is None:
             continue
         if name == "jobs_per_gpu" and options.auto:
             continue
@@ -85,6 +86,14 @@ def _validate(options: SlotOptions) -> None:
             margin,
             "must be a number of GiB, 0 or more",
             "set it to the GPU memory to keep free beyond the jobs' measured peaks, e.g. 0.5",
+        )
+    gain = options.auto_min_gain
+    if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain < 10:
+        raise FurcateConfigError(
+            "hydra.launcher.auto_min_gain",
+            gain,
+            "must be a fraction, 0 or more (below 10)",
+            "set it to the least share of a GPU's rate one more job must add, e.g. 0.05",
         )
     if isinstance(options.jobs_per_gpu, str) and not options.auto:
         raise FurcateConfigError(

@@ -17,7 +17,15 @@ from furcate_hydra.execution.devices import (
 )
 from furcate_hydra.execution.slot_options import AUTO, SlotOptions, explicit_gpus
 
-__all__ = ["GpuStart", "Slot", "SlotPlan", "core_blocks", "jobs_on_gpu", "plan_slots"]
+__all__ = [
+    "GpuStart",
+    "Slot",
+    "SlotPlan",
+    "core_blocks",
+    "cores_per_gpu",
+    "jobs_on_gpu",
+    "plan_slots",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +73,8 @@ class SlotPlan:
         reason: Why the plan is on CPU (empty for GPU plans); used by ``describe``.
         packing: With ``jobs_per_gpu=auto``: per GPU, how many of its slots are open at the
             start and the memory its jobs may fill (free at planning, bytes); ``slots`` then
-            holds every slot a GPU may open (``max_jobs_per_gpu``). None: all slots open.
+            holds every slot a GPU may open (``max_jobs_per_gpu``, else what the cores can
+            drive). None: all slots open.
     """
 
     slots: tuple[Slot, ...]
@@ -102,7 +111,7 @@ class SlotPlan:
                 first = "/".join(str(s.jobs) for s in self.packing.values())
                 per_gpu = (
                     f"jobs_per_gpu=auto: {next(iter(starts)) if len(starts) == 1 else first} "
-                    f"at first, up to {per_gpu} as measured memory allows"
+                    f"at first, up to {per_gpu} as measured memory and throughput allow"
                 )
             else:
                 per_gpu += " per GPU"
@@ -190,11 +199,12 @@ def plan_slots(
         slots = tuple(Slot(i, None, blocks[i], threads) for i in range(n))
         return SlotPlan(slots, "cpu", where)
 
-    packing = _auto_start(devices, options, probe) if options.auto else None
+    most = options.max_jobs_per_gpu or cores_per_gpu(len(cpus), len(devices), options.cpus_per_job)
+    packing = _auto_start(devices, options, probe, most) if options.auto else None
     if packing is not None:
-        per_gpu = [options.max_jobs_per_gpu] * len(devices)
+        per_gpu = [most] * len(devices)
     else:
-        per_gpu = [_jobs_on(device, options, probe) for device in devices]
+        per_gpu = [_jobs_on(device, options, probe, most) for device in devices]
     order = [
         device
         for round_ in range(max(per_gpu))
@@ -209,11 +219,20 @@ def plan_slots(
     return SlotPlan(slots, source, packing=packing)
 
 
-def jobs_on_gpu(options: SlotOptions, memory_gib: Callable[[], float]) -> int:
+def cores_per_gpu(cores: int, gpus: int, cpus_per_job: int | None) -> int:
+    """The most jobs one GPU gets where ``max_jobs_per_gpu`` is unset: as many as the cores
+    can drive, each job at least one core (``cpus_per_job``'s where set); at least one.
+    A job whose Python loop drives its GPU starves without a core of its own."""
+    return max(1, cores // max(1, cpus_per_job or 1) // max(1, gpus))
+
+
+def jobs_on_gpu(
+    options: SlotOptions, memory_gib: Callable[[], float], most: int | None = None
+) -> int:
     """How many jobs share one GPU: ``jobs_per_gpu`` (default 1), or as many as
     ``gpu_mem_per_job_gb`` fits in ``memory_gib()`` (asked only then), capped by
-    ``max_jobs_per_gpu``. The one sizing rule of every backend; with ``jobs_per_gpu=auto``,
-    where a GPU starts.
+    ``max_jobs_per_gpu``, else by ``most`` (what the cores can drive, where known). The one
+    sizing rule of every backend; with ``jobs_per_gpu=auto``, where a GPU starts.
 
     Raises:
         FurcateConfigError: what ``memory_gib`` raises when the memory cannot be known.
@@ -221,7 +240,9 @@ def jobs_on_gpu(options: SlotOptions, memory_gib: Callable[[], float]) -> int:
     gb = options.gpu_mem_per_job_gb
     if gb is None:
         return 1 if options.auto else int(options.jobs_per_gpu or 1)
-    return min(max(1, int(memory_gib() // gb)), options.max_jobs_per_gpu)
+    fits = max(1, int(memory_gib() // gb))
+    cap = options.max_jobs_per_gpu or most
+    return fits if cap is None else min(fits, cap)
 
 
 def _check_installed(devices: list[str], key: str, value: object, probe: GpuProbe) -> None:
@@ -275,7 +296,7 @@ def _installed_fix(key: str, installed: list[InstalledGpu]) -> str:
     )
 
 
-def _jobs_on(device: str, options: SlotOptions, probe: GpuProbe) -> int:
+def _jobs_on(device: str, options: SlotOptions, probe: GpuProbe, most: int) -> int:
     """Number of slots one GPU of this machine gets: sized by its free memory."""
 
     def free_gib() -> float:
@@ -289,10 +310,12 @@ def _jobs_on(device: str, options: SlotOptions, probe: GpuProbe) -> int:
                 "set hydra.launcher.jobs_per_gpu instead",
             ) from exc
 
-    return jobs_on_gpu(options, free_gib)
+    return jobs_on_gpu(options, free_gib, most)
 
 
-def _auto_start(devices: list[str], options: SlotOptions, probe: GpuProbe) -> dict[str, GpuStart]:
+def _auto_start(
+    devices: list[str], options: SlotOptions, probe: GpuProbe, most: int
+) -> dict[str, GpuStart]:
     """Per GPU, the slots ``jobs_per_gpu=auto`` opens first and the memory its jobs may fill:
     what is free now, before any job of the sweep runs (another user's processes keep theirs).
 
@@ -311,7 +334,7 @@ def _auto_start(devices: list[str], options: SlotOptions, probe: GpuProbe) -> di
                 f"GPU {device} cannot be read ({exc})",
                 "set hydra.launcher.jobs_per_gpu to a number of jobs per GPU (e.g. 2)",
             ) from exc
-        starts[device] = GpuStart(jobs_on_gpu(options, functools.partial(_gib, free)), free)
+        starts[device] = GpuStart(jobs_on_gpu(options, functools.partial(_gib, free), most), free)
     return starts
 
 

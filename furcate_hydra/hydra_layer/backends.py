@@ -18,7 +18,7 @@ from furcate_hydra.execution.forkserver.protocol import WarmContext
 from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slot_options import SlotOptions
-from furcate_hydra.execution.slots import SlotPlan, core_blocks, plan_slots
+from furcate_hydra.execution.slots import GpuStart, SlotPlan, core_blocks, plan_slots
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.ray_backend.options import Backend, check_store_reachable
 from furcate_hydra.store import resolve_tracking_uri
@@ -60,11 +60,17 @@ def plan_for(options: LauncherOptions, cpus: Sequence[int] | None = None) -> Slo
 
 
 def gpu_packing(plan: SlotPlan, options: SlotOptions) -> GpuPacking | None:
-    """What opens each GPU's slots under ``jobs_per_gpu=auto`` (local only); None otherwise."""
-    if plan.packing is None:
+    """How many jobs each GPU of a local plan runs at a time: learned under
+    ``jobs_per_gpu=auto``, the plan's count otherwise (lowered by an out-of-memory beside
+    other jobs); None for CPU plans and Ray's (whose slots name no device: Ray places them)."""
+    per_gpu = plan.slots_per_gpu()
+    if not per_gpu:
         return None
     margin = int(options.gpu_mem_margin_gb * GIB)
-    return GpuPacking(plan.packing, plan.slots_per_gpu(), margin)
+    if plan.packing is None:
+        fixed = {device: GpuStart(count, 0) for device, count in per_gpu.items()}
+        return GpuPacking(fixed, per_gpu, margin, grows=False)
+    return GpuPacking(plan.packing, per_gpu, margin, min_gain=options.auto_min_gain)
 
 
 def start_executor(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from furcate_hydra import env_vars
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent
@@ -58,10 +59,14 @@ from furcate_hydra.layout import JobPaths
 from furcate_hydra.scheduling import Scheduler
 from furcate_hydra.store.trace_log import TraceLog
 from furcate_hydra.tracing import ResourceTracer, TracePeaks
+from furcate_hydra.tracing.packing_watch import PackingWatch
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LaunchSession", "start_tracer"]
+
+# Seconds between a job's progress writes under jobs_per_gpu=auto, whose steps/s they give.
+AUTO_PROGRESS_EVERY_S = 1.0
 
 
 class LaunchSession:
@@ -99,7 +104,7 @@ class LaunchSession:
             log.info("furcate: in %s", self.slurm.job.describe())
         log.info("furcate: %s", plan.describe())
         self._context = self._context_blob()
-        self.packing = gpu_packing(plan, options.slots)  # None unless jobs_per_gpu=auto
+        self.packing = gpu_packing(plan, options.slots)  # None for CPU and Ray slots
         slots = len(plan.slots) if self.packing is None else self.packing.open_slots()
         self.shown = SessionView(options.progress, slots, self.ledger.sweep.summary)
         self._warm = False
@@ -115,11 +120,14 @@ class LaunchSession:
         # server from being a fork, its MLflow client would load MLflow for a rerun
         self._trace_interval_s = options.trace_interval_s
         self.tracer: ResourceTracer | None = None
+        self.watch: PackingWatch | None = None  # jobs_per_gpu=auto's readings, from warm_up
         self.fail_fast = options.fail_fast
         self.scheduler: Scheduler[JobReturn] = Scheduler(
             self.executor, self.ledger, self, options.fail_fast
         )
         self._job_env = options.training.job_env()  # every job's, before its own
+        if self.packing is not None and self.packing.grows:  # auto reads steps/s from them
+            self._job_env[env_vars.PROGRESS_EVERY_S] = repr(AUTO_PROGRESS_EVERY_S)
         self.composer = composer or SweepComposer(hydra_context, config)
         self.in_stream = False  # inside streaming(): the summary is written when it ends
         self._closed = False
@@ -182,11 +190,9 @@ class LaunchSession:
             self.executor.start()  # with hydra.launcher.mps=on, an error where MPS cannot run
             self.ledger.open_store()
             self.executor.wait_ready()
-            self.tracer = start_tracer(
-                self._trace_interval_s,
-                self.ledger.tracking_uri,
-                self.packing.sample if self.packing is not None else None,
-            )
+            self.tracer = start_tracer(self._trace_interval_s, self.ledger.tracking_uri)
+            if self.packing is not None and self.packing.grows:
+                self.watch = PackingWatch(self.packing, self.packing.budgets())
         except KeyboardInterrupt:
             log.warning("furcate: interrupted while starting; no job ran")
             raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
@@ -286,6 +292,8 @@ class LaunchSession:
         held = self.scheduler.give_up()
         self.shown.stopped(held)  # the summary counts what the interrupt stopped
         peaks = {job.key: self._end_trace(job.key) for job in held}
+        if self.watch is not None:
+            self.watch.close()
         if self.tracer is not None:
             self.tracer.close()  # the last metrics and plots, before the store closes
         self.ledger.close(interrupted, held, peaks, preempted)
@@ -295,6 +303,8 @@ class LaunchSession:
     def _on_event(self, event: JobEvent) -> None:
         if self.packing is not None and event.kind is not EventKind.PROGRESS:
             self.shown.show_packing(self.packing)
+        if self.watch is not None and event.kind is not EventKind.PROGRESS:
+            self._watch(event)
         if event.kind is EventKind.STARTED:
             job = event.job
             self.ledger.started(job)
@@ -319,6 +329,16 @@ class LaunchSession:
                 how = how_it_ended(job, error_text(job, job_return))
                 if how != "not started":
                     self.scheduler.ended_badly(job, how)
+
+    def _watch(self, event: JobEvent) -> None:
+        """Tell jobs_per_gpu=auto's watch that a job's process runs on a GPU, or not."""
+        assert self.watch is not None
+        job = event.job
+        device = job.slot.device if job.slot is not None else None
+        if event.kind is EventKind.STARTED and job.pid is not None and device is not None:
+            self.watch.start(job.key, job.pid, device, job.paths.progress)
+        elif event.kind is not EventKind.STARTED:
+            self.watch.end(job.key)  # it ended, or is queued again
 
     def _end_trace(self, key: str) -> TracePeaks | None:
         return self.tracer.end(key) if self.tracer is not None else None
@@ -391,14 +411,10 @@ def log_preempted(slurm: SlurmSession, stopped: int, requeued: bool) -> None:
     )
 
 
-def start_tracer(
-    interval_s: float,
-    tracking_uri: str | None,
-    gpu_memory: Callable[[str, float], None] | None = None,
-) -> ResourceTracer | None:
+def start_tracer(interval_s: float, tracking_uri: str | None) -> ResourceTracer | None:
     """The resource trace of the session's jobs, into their runs when recording; None when
-    ``hydra.launcher.trace_interval_s`` is 0. ``gpu_memory``: told each job's GPU samples."""
+    ``hydra.launcher.trace_interval_s`` is 0."""
     if interval_s <= 0:
         return None
     sink = TraceLog(tracking_uri) if tracking_uri else None
-    return ResourceTracer(interval_s, sink, gpu_memory=gpu_memory)
+    return ResourceTracer(interval_s, sink)

@@ -178,8 +178,8 @@ class LauncherOptions:
 
 
 def _check_local_only(options: LauncherOptions) -> None:
-    """What only the local backend does: ``jobs_per_gpu=auto`` learns from the local resource
-    trace, and ``mps=on`` starts a daemon on this machine."""
+    """What only the local backend does: ``jobs_per_gpu=auto`` reads this machine's GPUs and
+    its jobs' processes, and ``mps=on`` starts a daemon on this machine."""
     if options.pool.mps == "on" and options.backend is not Backend.LOCAL:
         raise FurcateConfigError(
             "hydra.launcher.mps",
@@ -200,15 +200,6 @@ def _check_local_only(options: LauncherOptions) -> None:
             "set hydra.launcher.jobs_per_gpu to a number of jobs per GPU, or "
             "gpu_mem_per_job_gb with ray.gpu_memory_gb",
         )
-    if options.trace_interval_s == 0:
-        raise FurcateConfigError(
-            "hydra.launcher.trace_interval_s",
-            0,
-            "jobs_per_gpu=auto learns each job's GPU memory from the resource trace, which 0 "
-            "turns off",
-            "set hydra.launcher.trace_interval_s to a number of seconds (e.g. 10), or "
-            "jobs_per_gpu to a number",
-        )
 
 
 def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
@@ -224,6 +215,7 @@ def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
         cpus_per_job=options["cpus_per_job"],
         allow_cpu=options["allow_cpu"],
         gpu_mem_margin_gb=options["gpu_mem_margin_gb"],
+        auto_min_gain=options["auto_min_gain"],
     )
 
 
@@ -263,9 +255,8 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         preload=preload,
         echo_output=bool(options["echo_output"]),
         stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),
-        # a job forked ahead takes a slot the moment one ends, before jobs_per_gpu=auto can
-        # close it after an out-of-memory
-        fork_ahead=not _flag(options, "fail_fast") and options["jobs_per_gpu"] != AUTO_JOBS,
+        # (the local pool forks none ahead on a shared GPU either: see LocalTransport)
+        fork_ahead=not _flag(options, "fail_fast"),
         job_imports=server_imports(options["lightning"], preload),
         mps=check_mps_mode(options["mps"]),
     )

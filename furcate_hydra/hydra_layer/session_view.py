@@ -41,7 +41,7 @@ class SessionView:
         self.view = make_view(options.mode, self.tally, options.every_s)
         self.summary = SweepSummary()
         self._summary_file = summary_file
-        self._packing_shown: dict[str, dict[str, float | int]] | None = None
+        self._packing_shown: dict[str, dict[str, float | int | str]] | None = None
         self._on = False
 
     def start(self) -> None:

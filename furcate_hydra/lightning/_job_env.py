@@ -35,6 +35,8 @@ class JobEnv:
             (``hydra.launcher.checkpoint_every_s``).
         resumed_output_dir: For a resumed run, the job dir of its previous attempt (where
             the app's own checkpoints of that attempt are), else None.
+        progress_every_s: Least seconds between two progress writes while batches run
+            (the launcher asks for 1 s under ``jobs_per_gpu=auto``, which reads steps/s there).
     """
 
     output_dir: Path
@@ -45,6 +47,7 @@ class JobEnv:
     checkpoint_every_n_steps: int | None = None
     checkpoint_every_s: float | None = None
     resumed_output_dir: Path | None = None
+    progress_every_s: float = 5.0
 
     @property
     def paths(self) -> JobPaths:
@@ -95,6 +98,10 @@ class JobEnv:
                 env_vars.CHECKPOINT_EVERY_S, get(env_vars.CHECKPOINT_EVERY_S), float
             ),
             resumed_output_dir=_path(get(env_vars.RESUMED_OUTPUT_DIR)),
+            progress_every_s=_number(
+                env_vars.PROGRESS_EVERY_S, get(env_vars.PROGRESS_EVERY_S), float
+            )
+            or 5.0,
         )
         if env.run_id is not None and env.tracking_uri is None:
             log.warning(

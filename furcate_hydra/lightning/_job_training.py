@@ -87,7 +87,7 @@ class JobTraining:
             env.checkpoint_dir, every_n_steps=every_n, every_s=every_s, watch=self.watch,
             exact=self.exact,
         )  # fmt: skip
-        self.progress = ProgressFile(env.paths.progress)
+        self.progress = ProgressFile(env.paths.progress, env.progress_every_s)
         self.pruning = OptunaPruning.from_environ()
         self.app_checkpoints = AppCheckpoints(env)
         self.extra = extra

@@ -156,7 +156,7 @@ class SweepSummary:
             if line:
                 lines += ["", line]
         if self.gpu_lines:
-            lines += ["", "## GPU packing (jobs_per_gpu=auto)", ""]
+            lines += ["", "## GPU packing", ""]
             lines += [f"- {line}" for line in self.gpu_lines]
         if self.unfinished:
             lines += ["", "## Jobs that did not finish", ""]

@@ -20,7 +20,7 @@ __all__ = ["read_packing_lines", "write_packing"]
 
 
 def write_packing(
-    path: Path, gpus: Mapping[str, Mapping[str, float | int]], lines: list[str]
+    path: Path, gpus: Mapping[str, Mapping[str, float | int | str]], lines: list[str]
 ) -> None:
     """Replace the file with what is known now (atomically: a reader never sees half)."""
     data = {"gpus": dict(gpus), "lines": lines, "updated_at": time.time()}

@@ -2,7 +2,9 @@
 
 Sampled by the launcher on a thread of its own (``ResourceTracer``), written to each job's
 ``trace.csv`` and ``plots/resource_trace.png``, and sent to a ``TraceSink`` (the job's MLflow
-run). Imports no Hydra and no MLflow; psutil always, NVML and matplotlib only when used.
+run). ``PackingWatch`` reads the packed GPUs twice a second for ``jobs_per_gpu=auto``, apart
+from the trace. Imports no Hydra and no MLflow; psutil always, NVML and matplotlib only when
+used.
 """
 
 from __future__ import annotations

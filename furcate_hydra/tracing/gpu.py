@@ -21,7 +21,7 @@ from typing import Any
 from furcate_hydra.execution.devices import nvml_handle
 from furcate_hydra.tracing.process_tree import MIB
 
-__all__ = ["GpuUsage", "NvmlSampler"]
+__all__ = ["DeviceReading", "GpuUsage", "NvmlSampler"]
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,23 @@ class GpuUsage:
     util_percent: float | None
 
 
+@dataclass(frozen=True)
+class DeviceReading:
+    """One GPU as NVML sees it now: each compute process's pid and bytes, the memory in use
+    and in all (bytes), its utilisation (percent, None where NVML has none)."""
+
+    processes: tuple[tuple[int, int], ...]
+    used_bytes: int
+    total_bytes: int
+    util_percent: float | None
+
+
 class NvmlSampler:
     """Reads GPU usage through NVML, initialised once on first use; one thread uses it."""
 
-    def __init__(self) -> None:
+    def __init__(self, who: str = "the resource trace has no GPU figures") -> None:
+        """``who``: what a warning says is missing where NVML cannot answer."""
+        self._who = who
         self._nvml: Any = None
         self._unavailable = False  # NVML failed to start: not tried again
         self._warned: set[str] = set()  # devices (or "" for NVML itself) already warned about
@@ -60,6 +73,25 @@ class NvmlSampler:
         except Exception:  # e.g. not supported on a MIG instance
             util = None
         return GpuUsage(held / MIB, util)
+
+    def device(self, device: str) -> DeviceReading | None:
+        """What NVML says of ``device`` now (three calls); None where it cannot answer."""
+        nvml = self._init()
+        if nvml is None:
+            return None
+        try:
+            handle = self._handle(nvml, device)
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        except Exception as exc:  # NVMLError, or no such device
+            self._warn_once(device, f"cannot read GPU {device!r}: {exc}")
+            return None
+        try:
+            util: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except Exception:  # e.g. not supported on a MIG instance
+            util = None
+        held = tuple((int(p.pid), int(p.usedGpuMemory or 0)) for p in processes)
+        return DeviceReading(held, int(memory.used), int(memory.total), util)
 
     def close(self) -> None:
         if self._nvml is not None:
@@ -93,4 +125,4 @@ class NvmlSampler:
     def _warn_once(self, device: str, why: str) -> None:
         if device not in self._warned:
             self._warned.add(device)
-            log.warning("furcate: the resource trace has no GPU figures: %s", why)
+            log.warning("furcate: %s: %s", self._who, why)

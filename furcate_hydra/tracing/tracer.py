@@ -95,12 +95,8 @@ class ResourceTracer:
         sink: TraceSink | None,
         gpu: GpuSampler | None = None,
         flush_every_s: float = FLUSH_EVERY_S,
-        gpu_memory: Callable[[str, float], None] | None = None,
     ) -> None:
-        """``gpu_memory(job key, MiB)``: told each GPU sample of a job, on the tracer's
-        thread (``jobs_per_gpu=auto`` learns from it)."""
         self.interval_s = interval_s
-        self._gpu_memory = gpu_memory
         self._sink = sink
         self._gpu: GpuSampler = gpu or NvmlSampler()
         self._flush_every_s = flush_every_s
@@ -231,8 +227,6 @@ class ResourceTracer:
             first = not job.peaks.samples
             job.peaks = job.peaks.add(sample)
             job.unsent.append((job.peaks.samples, now, sample.metrics()))
-        if self._gpu_memory is not None and gpu is not None and gpu.mem_mb is not None:
-            self._gpu_memory(job.key, gpu.mem_mb)
         try:
             job.paths.output_dir.mkdir(parents=True, exist_ok=True)
             append_sample(job.paths.trace, sample, new=first)

@@ -92,14 +92,21 @@ class FurcateLauncherConf:
     # GPU ids (CUDA_VISIBLE_DEVICES values) to use; unset: CUDA_VISIBLE_DEVICES, else NVML
     gpus: Optional[Any] = None
     # jobs sharing one GPU at a time (default 1), or auto: start at 1 (or at
-    # gpu_mem_per_job_gb's count) and open more while the jobs' measured peak GPU memory
-    # fits, backing off when a job runs out of it; a number is exclusive with
-    # gpu_mem_per_job_gb (typed Any so that `auto` and a bad value get furcate's message)
+    # gpu_mem_per_job_gb's count) and open one more slot at a time while the jobs' measured
+    # peak GPU memory fits and the last job added raised the GPU's training rate by
+    # auto_min_gain; under any count a job that runs out of GPU memory beside others is
+    # queued again and its GPU runs one fewer; a number is exclusive with gpu_mem_per_job_gb
+    # (typed Any so that `auto` and a bad value get furcate's message)
     jobs_per_gpu: Optional[Any] = None
     # size slots by memory: jobs per GPU = free GPU memory / this, at least 1
     gpu_mem_per_job_gb: Optional[float] = None
-    # upper bound for jobs per GPU when sizing by memory or with jobs_per_gpu=auto
-    max_jobs_per_gpu: int = 8
+    # upper bound for jobs per GPU when sizing by memory or with jobs_per_gpu=auto; null: as
+    # many as the cores can drive (at least one core each, cpus_per_job's where set)
+    max_jobs_per_gpu: Optional[int] = None
+    # with jobs_per_gpu=auto, the least fraction one more job must add to its GPU's aggregate
+    # rate (training steps/s; GPU utilisation for jobs that report no progress) for the GPU
+    # to keep it and try one more; 0: memory alone decides
+    auto_min_gain: Any = 0.05
     # with jobs_per_gpu=auto, GiB of each GPU kept free beyond its jobs' measured peaks: a new
     # job's CUDA context and its allocator's growth before they show in a sample
     gpu_mem_margin_gb: Any = 0.5

@@ -20,11 +20,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import cloudpickle
 
 from furcate_hydra.atomic import atomic_write_bytes
+from furcate_hydra.execution.forkserver.gpu_report import torch_gpu_peak
 from furcate_hydra.execution.forkserver.names import JOB_NAME, name_process
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
@@ -69,7 +71,7 @@ def run_child(
             _take_place(start.placement)
         elif gate_fd is not None:
             gate = functools.partial(_wait_for_place, gate_fd)
-        report = _run_job(context, start.payload, gate)
+        report = replace(_run_job(context, start.payload, gate), gpu_peak_bytes=torch_gpu_peak())
         # the launcher reads it at once and deletes it: no fsync on the way out
         atomic_write_bytes(start.result_path, _pickle_report(report), durable=False)
         code = report.exit_code or 0

@@ -168,7 +168,9 @@ class ChildReport:
     ``exit_code`` is set when the job called ``sys.exit``; ``preempted`` says what stopped a
     job that raised ``JobPreempted`` (it saved a checkpoint to resume from); ``failure`` is
     the task's traceback where ``run`` returned a value that stands for its failure (the Hydra
-    layer's outcome of a task that raised says so in its own ``failure``).
+    layer's outcome of a task that raised says so in its own ``failure``);
+    ``gpu_peak_bytes`` is the most GPU memory the job's torch says it held (see
+    ``gpu_report``), None where it used no GPU.
     """
 
     value: Any = None
@@ -176,3 +178,4 @@ class ChildReport:
     exit_code: int | None = None
     preempted: str | None = None
     failure: str | None = None
+    gpu_peak_bytes: int | None = None
