@@ -213,6 +213,16 @@ def test_job_env_reads_the_checkpoint_cadence() -> None:
             JobEnv.from_environ({name: value})
 
 
+def test_job_env_reads_how_often_progress_is_written() -> None:
+    from furcate_hydra.errors import FurcateConfigError
+    from furcate_hydra.lightning import JobEnv
+
+    assert JobEnv.from_environ({}).progress_every_s == 5.0
+    assert JobEnv.from_environ({"FURCATE_PROGRESS_EVERY_S": "1.0"}).progress_every_s == 1.0
+    with pytest.raises(FurcateConfigError, match=re.escape("FURCATE_PROGRESS_EVERY_S='-1'")):
+        JobEnv.from_environ({"FURCATE_PROGRESS_EVERY_S": "-1"})
+
+
 def record_saves(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the checkpoints AtomicCheckpoint saves from now on, in order."""
     from furcate_hydra.lightning._checkpoint import AtomicCheckpoint
