@@ -7,6 +7,8 @@
     <job dir>/trace.csv             ──► the job's NVML peak (gpu_mem_mb)
     <job dir>/attempts.jsonl        ──► each attempt of the job as the app saw it (start, end,
                                         "ok" or "oom"): the GPU apps write it (record_attempt)
+    jobs' samples per time bucket   ──► the GPU's best aggregate samples/s (packed_rate), and
+                                        its samples/s with n jobs training (rates_by_jobs)
 
 Paths come from ``furcate_hydra.layout``, but ``attempts.jsonl``, which the apps write and
 which is named here.
@@ -18,6 +20,7 @@ import csv
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,8 @@ __all__ = [
     "JobRun",
     "at_a_time",
     "max_over_gpus",
+    "packed_rate",
+    "rates_by_jobs",
     "read_attempts",
     "read_job_runs",
     "read_packing",
@@ -143,6 +148,51 @@ def at_a_time(intervals: Iterable[tuple[float, float]], after: float = float("-i
         count += step
         most = max(most, count)
     return most
+
+
+def packed_rate(
+    buckets: Iterable[Mapping[str, int]], bucket_s: float, window_s: float
+) -> float | None:
+    """The jobs' best aggregate samples/s over ``window_s`` of wall clock (over all of it where
+    they trained for less): each job's samples per bucket of ``bucket_s`` ({bucket index:
+    samples}, one clock for all) added up, then the best run of consecutive buckets. None where
+    no job trained."""
+    total: Counter[int] = Counter()
+    for job in buckets:
+        for index, samples in job.items():
+            total[int(index)] += int(samples)
+    if not total:
+        return None
+    first, last = min(total), max(total)
+    width = min(max(1, round(window_s / bucket_s)), last - first + 1)
+    window = best = sum(total[i] for i in range(first, first + width))
+    for start in range(first + 1, last - width + 2):
+        window += total[start + width - 1] - total[start - 1]
+        best = max(best, window)
+    return best / (width * bucket_s)
+
+
+def rates_by_jobs(buckets: Iterable[Mapping[str, int]], bucket_s: float) -> dict[int, list[float]]:
+    """The jobs' aggregate samples/s in each bucket (as ``packed_rate`` reads them), grouped
+    by how many jobs trained through that bucket: a job trains from its first bucket to its
+    last, and a bucket where any job began or ended (a part of a bucket) is left out."""
+    total: Counter[int] = Counter()
+    through: Counter[int] = Counter()
+    edges: set[int] = set()
+    for job in buckets:
+        indices = [int(index) for index in job]
+        if not indices:
+            continue
+        first, last = min(indices), max(indices)
+        edges |= {first, last}
+        through.update(range(first + 1, last))
+        for key, samples in job.items():
+            total[int(key)] += int(samples)
+    rates: dict[int, list[float]] = {}
+    for bucket, jobs in sorted(through.items()):
+        if bucket not in edges:
+            rates.setdefault(jobs, []).append(total[bucket] / bucket_s)
+    return rates
 
 
 def max_over_gpus(packing: Mapping[str, Mapping[str, Any]], key: str) -> float | None:

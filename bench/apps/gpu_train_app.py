@@ -10,8 +10,17 @@ for ``train_seconds`` and writes ``bench.json`` into its output dir.
                jobs outgrow them and it has to back off
 
 Batches are drawn on the job's device from a generator seeded by ``seed``, so no data loading
-competes for the CPU. ``bench.json``: samples trained, seconds of training (from the first
-batch to the last, the GPU synchronised: the job's start-up is left out) and their ratio,
+competes for the CPU. Three optional keys, given as ``+key=value`` by the bench:
+
+    barrier=K, barrier_dir=D  after its first step a job leaves a file in D and trains on,
+                              untimed, until K jobs have (or ``barrier_timeout_s``): the timed
+                              seconds then start with all K jobs training
+    stop_at=EPOCH             the case's deadline: training stops there, and a job that starts
+                              after it returns at once without touching the GPU ("cut")
+
+``bench.json``: samples trained in the timed seconds (after the barrier, the GPU synchronised:
+the job's start-up is left out) and their rate; every step's samples in wall-clock buckets of
+``BUCKET_S`` (the bench adds the jobs' buckets up into the GPU's aggregate rate);
 ``torch.cuda.max_memory_reserved()`` in MiB, the device and torch's version. Each attempt of a
 job also appends its start and its end ("ok" or "oom") to ``attempts.jsonl`` there, so a job
 run again after a CUDA out-of-memory error shows both attempts. ``tiny=true`` shrinks every
@@ -26,7 +35,9 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +57,8 @@ except ImportError:  # only the older package name installed
 
 CLASSES = 10
 MIB = 1 << 20
+BUCKET_S = 0.25  # the wall-clock buckets of every step's samples
+LOOK_EVERY_S = 0.02  # how often a job waiting at the barrier counts the arrivals
 
 
 class Steps(IterableDataset[int]):
@@ -84,28 +97,68 @@ class Synthetic(pl.LightningModule):
         return torch.optim.Adam(self.net.parameters(), lr=1e-3)
 
 
-class Budget(pl.Callback):
-    """Stops training ``seconds`` after its first batch; times it on the synchronised GPU."""
+class Barrier:
+    """Where the case's jobs meet: one file each in ``folder``; passed once ``parties`` are
+    there or ``timeout_s`` after this job's arrival (a job that never comes cannot hang it)."""
 
-    def __init__(self, seconds: float, batch_size: int) -> None:
+    def __init__(self, folder: Path, parties: int, timeout_s: float) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / str(os.getpid())).touch()
+        self.folder = folder
+        self.parties = parties
+        self.deadline = time.time() + timeout_s
+        self.met: bool | None = None
+        self._next_look = 0.0
+
+    def passed(self, now: float) -> bool:
+        if now < self._next_look:
+            return False
+        self._next_look = now + LOOK_EVERY_S
+        if len(os.listdir(self.folder)) >= self.parties:
+            self.met = True
+        elif now >= self.deadline:
+            self.met = False
+        return self.met is not None
+
+
+class Budget(pl.Callback):
+    """Times ``seconds`` of training from the barrier (from the first step without one) and
+    stops there or at ``stop_at``; counts every step's samples in wall-clock buckets."""
+
+    def __init__(
+        self, seconds: float, batch_size: int, stop_at: float, meet: Callable[[], Barrier] | None
+    ) -> None:
         self.seconds = seconds
         self.batch_size = batch_size
+        self.stop_at = stop_at
+        self.meet = meet
+        self.barrier: Barrier | None = None
+        self.timing = False
         self.steps = 0
         self.began = self.ended = 0.0  # wall clock, to compare jobs in one sweep
-
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.steps == 0:
-            _synchronize()
-            self.began = time.time()
+        self.buckets: Counter[int] = Counter()
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.steps += 1
-        if time.time() - self.began >= self.seconds:
+        now = time.time()
+        self.buckets[int(now / BUCKET_S)] += self.batch_size
+        if now >= self.stop_at:
             trainer.should_stop = True
+        if self.timing:
+            self.steps += 1
+            if now - self.began >= self.seconds:
+                trainer.should_stop = True
+            return
+        if self.meet is not None and self.barrier is None:
+            self.barrier = self.meet()  # after the first step: CUDA and the model are warm
+        if self.barrier is None or self.barrier.passed(now):
+            _synchronize()
+            self.began, self.timing = time.time(), True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _synchronize()
         self.ended = time.time()
+        if not self.timing:
+            self.began = self.ended  # stopped at the deadline before the barrier: nothing timed
 
 
 class BlockAfter(pl.Callback):
@@ -170,11 +223,23 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def budget_for(cfg: DictConfig, batch_size: int) -> Budget:
+    """The job's timing from its config: train_seconds, and the optional barrier and stop_at."""
+    parties = int(cfg.get("barrier", 0))
+    meet = None
+    if parties > 1:
+        folder = Path(str(cfg.barrier_dir))
+        timeout = float(cfg.get("barrier_timeout_s", 20.0))
+        meet = partial(Barrier, folder, parties, timeout)
+    stop_at = float(cfg.get("stop_at", 0)) or math.inf
+    return Budget(float(cfg.train_seconds), batch_size, stop_at, meet)
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     torch.manual_seed(int(cfg.seed))
     torch.set_float32_matmul_precision("high")
     model = build(str(cfg.model), bool(cfg.tiny), int(cfg.seed))
-    budget = Budget(float(cfg.train_seconds), model.batch_size)
+    budget = budget_for(cfg, model.batch_size)
     grow = BlockAfter(float(cfg.oom_after_s), float(cfg.oom_fraction))
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     trainer = pl.Trainer(
@@ -201,6 +266,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "train_ended": budget.ended,
         "train_seconds": round(seconds, 4),
         "samples_per_s": round(samples / seconds, 2) if seconds > 0 else None,
+        "barrier_met": None if budget.barrier is None else budget.barrier.met,
+        "bucket_s": BUCKET_S,
+        "buckets": {str(b): n for b, n in sorted(budget.buckets.items())},
         "max_memory_reserved_mib": round(torch.cuda.max_memory_reserved() / MIB, 1)
         if cuda
         else None,
@@ -218,12 +286,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def main(cfg: DictConfig) -> dict[str, Any]:
     out = Path(HydraConfig.get().runtime.output_dir)
     started = time.time()
-    try:
-        info = train(cfg)
-    except torch.cuda.OutOfMemoryError:
-        record_attempt(out, started, "oom")
-        raise  # as a user's job fails: the launcher decides what follows
-    record_attempt(out, started, "ok")
+    if started >= float(cfg.get("stop_at", 0) or math.inf):
+        info: dict[str, Any] = {"model": str(cfg.model), "seed": int(cfg.seed), "cut": True}
+    else:
+        try:
+            info = train(cfg)
+        except torch.cuda.OutOfMemoryError:
+            record_attempt(out, started, "oom")
+            raise  # as a user's job fails: the launcher decides what follows
+        record_attempt(out, started, "ok")
     (out / "bench.json.tmp").write_text(json.dumps(info, indent=2))
     (out / "bench.json.tmp").replace(out / "bench.json")
     return info
