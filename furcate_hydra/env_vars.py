@@ -11,6 +11,7 @@ __all__ = [
     "CHECKPOINT_EVERY_N_STEPS",
     "CHECKPOINT_EVERY_S",
     "EXPERIMENT_ID",
+    "GPUS_PER_JOB",
     "LIGHTNING",
     "OPTUNA_MONITOR",
     "OPTUNA_PRUNER",
@@ -43,6 +44,10 @@ CHECKPOINT_EVERY_S = "FURCATE_CHECKPOINT_EVERY_S"
 # least seconds between two writes of progress.json mid-epoch (absent: 5); under
 # jobs_per_gpu=auto the launcher asks for 1 s, as it measures steps/s from them
 PROGRESS_EVERY_S = "FURCATE_PROGRESS_EVERY_S"
+
+# How many GPUs the job's slot has (hydra.launcher.gpus_per_job; 0 on a CPU slot), set with
+# its CUDA_VISIBLE_DEVICES: a Trainer asking for more devices is told so in furcate's words
+GPUS_PER_JOB = "FURCATE_GPUS_PER_JOB"
 
 # Set by the Optuna sweeper in each trial's job (all four or none): the job reports its
 # monitored metric each epoch to trial TRIAL_NUMBER of STUDY in STORAGE.

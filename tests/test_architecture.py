@@ -28,6 +28,9 @@ SHARED = (
     "furcate_hydra.preemption",
 )
 ENV_VARS = "furcate_hydra.env_vars"
+# The execution layer sets variables in a job's environment (a slot's GPU count) by their
+# names there: what may load it may load them.
+EXECUTION = ("furcate_hydra.execution", ENV_VARS)
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,11 @@ class Rule:
 
 
 RULES = (
-    Rule("furcate_hydra/execution", (*SHARED, "furcate_hydra.execution"), (*HYDRA, *HEAVY)),
+    Rule("furcate_hydra/execution", (*SHARED, *EXECUTION), (*HYDRA, *HEAVY)),
     # the Ray backend: the one place that imports Ray (inside functions), beside the execution
     Rule(
         "furcate_hydra/ray_backend",
-        (*SHARED, "furcate_hydra.execution", "furcate_hydra.ray_backend"),
+        (*SHARED, *EXECUTION, "furcate_hydra.ray_backend"),
         (*HYDRA, *(name for name in HEAVY if name != "ray")),
     ),
     # Slurm: the job a launcher runs in, its requeue, sbatch from a login node (as commands)
@@ -52,20 +55,20 @@ RULES = (
     Rule("furcate_hydra/sweeping", (*SHARED, "furcate_hydra.sweeping"), (*HYDRA, *HEAVY)),
     Rule(
         "furcate_hydra/monitor",
-        (*SHARED, "furcate_hydra.execution", "furcate_hydra.monitor"),
+        (*SHARED, *EXECUTION, "furcate_hydra.monitor"),
         (*HYDRA, *HEAVY),
     ),
     Rule("furcate_hydra/store", (*SHARED, "furcate_hydra.store"), (*HYDRA, "torch", "optuna")),
     # what runs when: testable without Hydra, over the executor and the store's decisions
     Rule(
         "furcate_hydra/scheduling",
-        (*SHARED, "furcate_hydra.execution", "furcate_hydra.store", "furcate_hydra.scheduling"),
+        (*SHARED, *EXECUTION, "furcate_hydra.store", "furcate_hydra.scheduling"),
         (*HYDRA, *HEAVY),
     ),
     # the launcher's resource trace: psutil, NVML and (to draw it) matplotlib, no store
     Rule(
         "furcate_hydra/tracing",
-        (*SHARED, "furcate_hydra.execution", "furcate_hydra.tracing"),
+        (*SHARED, *EXECUTION, "furcate_hydra.tracing"),
         (*HYDRA, "torch", "pytorch_lightning", "mlflow", "optuna"),
     ),
     Rule("furcate_hydra/tuning", (*SHARED, ENV_VARS, "furcate_hydra.tuning"), (*HYDRA, "torch")),

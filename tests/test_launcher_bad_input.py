@@ -57,6 +57,16 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
         "hydra.launcher.jobs_per_gpu",
         "2",
     ),
+    ({"gpus_per_job": 0}, {}, "hydra.launcher.gpus_per_job", "0"),
+    ({"gpus_per_job": -1}, {}, "hydra.launcher.gpus_per_job", "-1"),
+    ({"gpus_per_job": "two"}, {}, "hydra.launcher.gpus_per_job", "'two'"),
+    ({"gpus_per_job": True}, {}, "hydra.launcher.gpus_per_job", "True"),
+    ({"gpus_per_job": 1.5}, {}, "hydra.launcher.gpus_per_job", "1.5"),
+    ({"gpus_per_job": 2, "jobs_per_gpu": 2}, {}, "hydra.launcher.gpus_per_job", "2"),
+    ({"gpus_per_job": 2, "jobs_per_gpu": "auto"}, {}, "hydra.launcher.gpus_per_job", "2"),
+    ({"gpus_per_job": 2, "gpu_mem_per_job_gb": 8}, {}, "hydra.launcher.gpus_per_job", "2"),
+    ({"gpus_per_job": 2, "mps": "on"}, {}, "hydra.launcher.mps", "'on'"),
+    ({"gpus_per_job": 3, "gpus": [0, 1]}, {}, "hydra.launcher.gpus_per_job", "3"),
     ({"rerun": "sometimes"}, {}, "hydra.launcher.rerun", "'sometimes'"),
     ({"lightning": "maybe"}, {}, "hydra.launcher.lightning", "'maybe'"),
     ({"backend": "kubernetes"}, {}, "hydra.launcher.backend", "'kubernetes'"),
@@ -121,6 +131,7 @@ CLI_CASES = [
     (["hydra.launcher.gpus=[0,-1]"], {}, "hydra.launcher.gpus", "-1"),  # the slot plan
     # a number option given a word: furcate's message, not Hydra's schema error
     (["hydra.launcher.checkpoint_every_s=soon"], {}, "hydra.launcher.checkpoint_every_s", "'soon'"),
+    (["hydra.launcher.gpus_per_job=two"], {}, "hydra.launcher.gpus_per_job", "'two'"),
     (
         [],  # the tracking store, named by the environment the jobs would inherit
         {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},

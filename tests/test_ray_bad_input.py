@@ -57,6 +57,8 @@ RAY_BAD_SLOT_OPTIONS: list[tuple[dict[str, Any], str, object, str]] = [
     ({"max_workers": 0}, "max_workers", 0, "set it to 1 or more"),
     ({"cpus_per_job": 0}, "cpus_per_job", 0, "set it to 1 or more"),
     ({"allow_cpu": "yes"}, "allow_cpu", "yes", "allow_cpu=true or false"),
+    ({"gpus_per_job": 0}, "gpus_per_job", 0, "the GPUs one job trains on"),
+    ({"gpus_per_job": 2, "jobs_per_gpu": 2}, "gpus_per_job", 2, "jobs_per_gpu=null"),
 ]
 
 

@@ -281,9 +281,10 @@ def test_slot_env() -> None:
         "CUDA_VISIBLE_DEVICES": "1",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "FURCATE_SLOT": "3",
+        "FURCATE_GPUS_PER_JOB": "1",
     }
     cpu = Slot(index=0, device=None, cpus=(0, 1), threads=2).env()
-    assert cpu["CUDA_VISIBLE_DEVICES"] == ""
+    assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["FURCATE_GPUS_PER_JOB"] == "0"
     assert cpu["OMP_NUM_THREADS"] == cpu["MKL_NUM_THREADS"] == cpu["OPENBLAS_NUM_THREADS"] == "2"
 
 

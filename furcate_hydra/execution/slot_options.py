@@ -37,6 +37,8 @@ class SlotOptions:
     allow_cpu: bool
     gpu_mem_margin_gb: float = 0.5
     auto_min_gain: float = 0.05
+    # GPUs of one machine per job (its ranks'); each slot then holds that many GPUs whole
+    gpus_per_job: int = 1
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -120,6 +122,36 @@ def _validate(options: SlotOptions) -> None:
             "set hydra.launcher.allow_cpu=true or false",
         )
     explicit_gpus(options.gpus)
+    _check_gpus_per_job(options)
+
+
+def _check_gpus_per_job(options: SlotOptions) -> None:
+    """A whole number of GPUs, 1 or more; above 1 each GPU runs one job, so nothing that
+    shares a GPU between jobs goes with it."""
+    key, n = "hydra.launcher.gpus_per_job", options.gpus_per_job
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise FurcateConfigError(
+            key,
+            n,
+            "must be a whole number of GPUs, 1 or more",
+            "set it to the GPUs one job trains on (its Trainer's devices), e.g. 2, or 1",
+        )
+    if n == 1:
+        return
+    sharing = {
+        "jobs_per_gpu": options.jobs_per_gpu if options.jobs_per_gpu not in (None, 1) else None,
+        "gpu_mem_per_job_gb": options.gpu_mem_per_job_gb,
+    }
+    for name, value in sharing.items():
+        if value is not None:
+            raise FurcateConfigError(
+                key,
+                n,
+                f"a job of several GPUs has them to itself, and hydra.launcher.{name}="
+                f"{value!r} shares a GPU between jobs",
+                f"set hydra.launcher.{name}=null to give each job {n} whole GPUs, or "
+                "gpus_per_job=1 to share GPUs between jobs of one GPU",
+            )
 
 
 def explicit_gpus(gpus: object) -> list[str] | None:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.devices import (
     GpuProbe,
@@ -15,6 +16,7 @@ from furcate_hydra.execution.devices import (
     NvmlProbe,
     parse_cuda_visible_devices,
 )
+from furcate_hydra.execution.gpu_groups import group_devices, rank_threads, slot_devices
 from furcate_hydra.execution.slot_options import AUTO, SlotOptions, explicit_gpus
 
 __all__ = [
@@ -34,12 +36,24 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 @dataclass(frozen=True)
 class Slot:
-    """One place a job can run: at most one GPU, optionally pinned cores and a thread count."""
+    """One place a job can run: a GPU, several (``gpus_per_job``) or none, optionally pinned
+    cores and a thread count.
+
+    Attributes:
+        device: The slot's GPU, or its GPUs as ``CUDA_VISIBLE_DEVICES`` lists them ("0,1",
+            see ``gpu_groups``); None on CPU.
+        threads: Threads each of the job's processes (each rank) runs.
+    """
 
     index: int
     device: str | None
     cpus: tuple[int, ...] | None
     threads: int | None
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The slot's GPU ids, each alone (none on CPU)."""
+        return slot_devices(self.device)
 
     def env(self) -> dict[str, str]:
         """Return variables to set in the job's environment before anything initialises CUDA."""
@@ -49,6 +63,7 @@ class Slot:
             # CUDA's default order is fastest-first; NVML indices follow the PCI bus.
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "FURCATE_SLOT": str(self.index),
+            env_vars.GPUS_PER_JOB: str(len(self.devices)),
         }
         if self.threads is not None:
             env.update(dict.fromkeys(_THREAD_VARS, str(self.threads)))
@@ -75,12 +90,14 @@ class SlotPlan:
             start and the memory its jobs may fill (free at planning, bytes); ``slots`` then
             holds every slot a GPU may open (``max_jobs_per_gpu``, else what the cores can
             drive). None: all slots open.
+        unused: The GPUs no slot has (``gpus_per_job`` does not divide them), in words.
     """
 
     slots: tuple[Slot, ...]
     source: str
     reason: str = ""
     packing: Mapping[str, GpuStart] | None = None
+    unused: str = ""
 
     @property
     def on_cpu(self) -> bool:
@@ -106,7 +123,10 @@ class SlotPlan:
             if len(set(counts.values())) == 1:
                 per_gpu = str(next(iter(counts.values())))
             origin = "hydra.launcher.gpus" if self.source == "explicit" else self.source
-            if self.packing is not None:
+            gpus = len(self.slots[0].devices) if self.slots else 1
+            if gpus > 1:
+                per_gpu = f"{gpus} GPUs per job" + (f"; {self.unused}" if self.unused else "")
+            elif self.packing is not None:
                 starts = {start.jobs for start in self.packing.values()}
                 first = "/".join(str(s.jobs) for s in self.packing.values())
                 per_gpu = (
@@ -115,9 +135,9 @@ class SlotPlan:
                 )
             else:
                 per_gpu += " per GPU"
+            named = " ".join(counts) if gpus > 1 else ",".join(counts)
             text = (
-                f"{n} slot{_s(n)} on GPU{_s(len(counts))} {','.join(counts)} "
-                f"({per_gpu}, from {origin})"
+                f"{n} slot{_s(n)} on GPU{_s(len(counts) * gpus)} {named} ({per_gpu}, from {origin})"
             )
         pinned = [slot.cpus for slot in self.slots if slot.cpus is not None]
         if pinned:
@@ -145,7 +165,10 @@ def plan_slots(
     Named devices must be GPUs NVML lists; without NVML they are taken as named, with a
     warning that they could not be checked. Each GPU gets ``jobs_per_gpu`` slots, or as many as
     fit ``gpu_mem_per_job_gb`` in its free memory. Slots interleave GPUs so that
-    ``max_workers`` spreads over all of them.
+    ``max_workers`` spreads over all of them. With ``gpus_per_job`` N > 1 the GPUs are taken
+    N at a time, in their order, and each group is one slot (``gpu_groups``); its pinned cores
+    (``cpus_per_job``: per job) are what its N ranks share. On CPU slots N means nothing: it
+    is said in the log and left.
 
     Args:
         options: The launcher's options.
@@ -192,6 +215,13 @@ def plan_slots(
                 "run on a machine with a GPU, name GPUs with hydra.launcher.gpus or "
                 "CUDA_VISIBLE_DEVICES, or set hydra.launcher.allow_cpu=true to run on CPU",
             )
+        if options.gpus_per_job > 1:
+            log.info(
+                "furcate: hydra.launcher.gpus_per_job=%d left aside: the jobs run on CPU slots "
+                "(%s), and each job's ranks share its cores",
+                options.gpus_per_job,
+                where,
+            )
         n = max(1, len(cpus) // (options.cpus_per_job or 1))
         n = min(n, options.max_workers or n)
         threads = options.cpus_per_job or max(1, len(cpus) // n)
@@ -199,6 +229,8 @@ def plan_slots(
         slots = tuple(Slot(i, None, blocks[i], threads) for i in range(n))
         return SlotPlan(slots, "cpu", where)
 
+    origin = {"explicit": "hydra.launcher.gpus", "NVML": "NVML"}.get(source, where)
+    devices, unused = group_devices(devices, options.gpus_per_job, origin)
     most = options.max_jobs_per_gpu or cores_per_gpu(len(cpus), len(devices), options.cpus_per_job)
     packing = _auto_start(devices, options, probe, most) if options.auto else None
     if packing is not None:
@@ -213,10 +245,10 @@ def plan_slots(
     ]
     order = order[: options.max_workers or len(order)]
     blocks = core_blocks(cpus, len(order), options.cpus_per_job)
-    slots = tuple(
-        Slot(i, device, blocks[i], options.cpus_per_job) for i, device in enumerate(order)
-    )
-    return SlotPlan(slots, source, packing=packing)
+    cores = options.cpus_per_job
+    per_rank = None if cores is None else rank_threads(cores, options.gpus_per_job)
+    slots = tuple(Slot(i, device, blocks[i], per_rank) for i, device in enumerate(order))
+    return SlotPlan(slots, source, packing=packing, unused=unused)
 
 
 def cores_per_gpu(cores: int, gpus: int, cpus_per_job: int | None) -> int:

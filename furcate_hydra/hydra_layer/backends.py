@@ -15,6 +15,7 @@ from pathlib import Path
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import WarmContext
+from furcate_hydra.execution.gpu_groups import rank_threads
 from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slot_options import SlotOptions
@@ -43,8 +44,10 @@ def plan_for(options: LauncherOptions, cpus: Sequence[int] | None = None) -> Slo
         if share < 1:
             return plan
         blocks = core_blocks(sorted(cpus), len(plan.slots), share)
+        # a job of several GPUs: its ranks share its cores (gpus_per_job means nothing on CPU)
+        threads = rank_threads(share, len(plan.slots[0].devices) or 1)
         slots = tuple(
-            replace(slot, cpus=block, threads=share)
+            replace(slot, cpus=block, threads=threads)
             for slot, block in zip(plan.slots, blocks, strict=True)
         )
         return replace(plan, slots=slots)

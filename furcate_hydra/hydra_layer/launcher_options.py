@@ -172,6 +172,7 @@ class LauncherOptions:
                 SlurmOptions.parse(plain(options["slurm"])),
             )
             _check_local_only(parsed)
+            _check_whole_gpus(parsed)
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
         return parsed
@@ -202,6 +203,19 @@ def _check_local_only(options: LauncherOptions) -> None:
         )
 
 
+def _check_whole_gpus(options: LauncherOptions) -> None:
+    """Jobs of several GPUs share none, and MPS serves only GPUs that jobs share."""
+    n = options.slots.gpus_per_job
+    if n > 1 and options.pool.mps == "on":
+        raise FurcateConfigError(
+            "hydra.launcher.mps",
+            "on",
+            f"with hydra.launcher.gpus_per_job={n} each job has its GPUs to itself, and MPS "
+            "only lets jobs that share a GPU run their kernels at once",
+            "set hydra.launcher.mps=auto (it starts no daemon for such a sweep) or off",
+        )
+
+
 def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
     gpus = options["gpus"]
     if isinstance(gpus, ListConfig | tuple):
@@ -216,6 +230,7 @@ def _slot_options(options: Mapping[str, Any]) -> SlotOptions:
         allow_cpu=options["allow_cpu"],
         gpu_mem_margin_gb=options["gpu_mem_margin_gb"],
         auto_min_gain=options["auto_min_gain"],
+        gpus_per_job=options["gpus_per_job"],
     )
 
 

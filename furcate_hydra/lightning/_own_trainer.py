@@ -33,6 +33,7 @@ from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import JobTraining, ResumePoint
 from furcate_hydra.lightning._logger import RunBinding, bound_class, bound_logger, job_arguments
 from furcate_hydra.lightning._namespace import Namespace, trainer_namespace
+from furcate_hydra.lightning._slot_devices import check_trainer_devices
 
 __all__ = ["install"]
 
@@ -81,6 +82,7 @@ def _trainer_init(original: Callable[..., None], trainer: Any, *args: Any, **kwa
     call = inspect.signature(original).bind(trainer, *args, **kwargs)
     # the job's files go to its own dir, not to a lightning_logs/ shared by every job
     call.arguments.setdefault("default_root_dir", str(env.output_dir))
+    check_trainer_devices(call.arguments)  # more GPUs than the slot has: say where to fix it
     original(*call.args, **call.kwargs)
     given = [("Trainer(callbacks=...)", cb) for cb in trainer.callbacks]
     given += [("Trainer(logger=...)", logger) for logger in trainer.loggers]

@@ -175,4 +175,6 @@ def _slot_name(job: Job) -> str:
     slot = job.slot
     if slot is None:
         return "?"
-    return f"GPU {slot.device}" if slot.device else f"CPU slot {slot.index}"
+    if not slot.device:
+        return f"CPU slot {slot.index}"
+    return f"GPU{'s' if len(slot.devices) > 1 else ''} {slot.device}"

@@ -1,8 +1,9 @@
 """Connect to Ray and turn the cluster's resources into slots.
 
 A slot is one long-lived actor holding ``1 / jobs_per_gpu`` of a GPU (or the share that
-``gpu_mem_per_job_gb`` of ``ray.gpu_memory_gb`` implies), ``cpus_per_job`` CPUs, or, with no
-GPU in the cluster, ``cpus_per_job`` (default 1) CPUs; ``max_workers`` caps their number.
+``gpu_mem_per_job_gb`` of ``ray.gpu_memory_gb`` implies), or ``gpus_per_job`` whole GPUs of
+one node, ``cpus_per_job`` CPUs, or, with no GPU in the cluster, ``cpus_per_job`` (default 1)
+CPUs; ``max_workers`` caps their number.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.execution.gpu_groups import rank_threads
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import Slot, SlotPlan, jobs_on_gpu
 from furcate_hydra.ray_backend.options import ADDRESS_KEY, BACKEND_KEY, RayOptions, parse_address
@@ -31,14 +33,15 @@ _CONNECT_TIMEOUT_S = 5.0
 class RaySlotPlan(SlotPlan):
     """Slots as Ray resource requests; the GPUs themselves are chosen by Ray, per actor."""
 
-    gpus_per_slot: float = 0.0
+    gpus_per_slot: float = 0.0  # a share of one GPU, or gpus_per_job whole ones
     cpus_per_slot: float = 0.0
     address: str = "a Ray instance on this machine"
     nodes: int = 1
 
     def describe(self) -> str:
         n = len(self.slots)
-        each = f"{self.gpus_per_slot:g} GPU" if self.gpus_per_slot else "no GPU"
+        gpus = self.gpus_per_slot
+        each = f"{gpus:g} GPU{'s' if gpus > 1 else ''}" if gpus else "no GPU"
         if self.cpus_per_slot:
             each += f", {self.cpus_per_slot:g} CPU"
         return (
@@ -128,11 +131,21 @@ def plan_ray_slots(options: SlotOptions, ray_options: RayOptions, ray: Any) -> R
     nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
     where = ray_options.address or "a Ray instance on this machine"
     if gpus >= 1:
-        share = _gpu_share(options, ray_options)
-        count = int(gpus / share + 1e-9)
+        if options.gpus_per_job > 1:
+            share = float(options.gpus_per_job)
+            count = _whole_gpu_slots(ray, options.gpus_per_job, where, resources)
+        else:
+            share = _gpu_share(options, ray_options)
+            count = int(gpus / share + 1e-9)
         # Without cpus_per_job a slot holds no CPU: as locally, the GPU is what is shared out.
         cpus_each = float(options.cpus_per_job or 0)
     elif options.allow_cpu:
+        if options.gpus_per_job > 1:
+            log.info(
+                "furcate: hydra.launcher.gpus_per_job=%d left aside: the Ray cluster has no "
+                "GPU, and each job's ranks share its CPUs",
+                options.gpus_per_job,
+            )
         share, cpus_each = 0.0, float(options.cpus_per_job or 1)
         count = int(cpus // cpus_each)
     else:
@@ -153,10 +166,38 @@ def plan_ray_slots(options: SlotOptions, ray_options: RayOptions, ray: Any) -> R
             f"no slot fits the Ray cluster at {where} (resources: {_short(resources)})",
             "lower cpus_per_job (or leave it unset), or add nodes to the cluster",
         )
-    slots = tuple(Slot(i, None, None, options.cpus_per_job) for i in range(count))
+    cores = options.cpus_per_job  # a job of several GPUs: its ranks share them
+    threads = None if cores is None else rank_threads(cores, max(1, int(share)))
+    slots = tuple(Slot(i, None, None, threads) for i in range(count))
     return RaySlotPlan(
         slots, "ray", "", gpus_per_slot=share, cpus_per_slot=cpus_each, address=where, nodes=nodes
     )
+
+
+def _whole_gpu_slots(ray: Any, per_job: int, where: str, resources: dict[str, Any]) -> int:
+    """Slots of ``per_job`` GPUs each: a job's GPUs are on one node (Ray places an actor on
+    one), so each node gives its own GPUs // ``per_job``.
+
+    Raises:
+        FurcateConfigError: no node has ``per_job`` GPUs.
+    """
+    on_nodes = [
+        int(float(node.get("Resources", {}).get("GPU", 0)))
+        for node in ray.nodes()
+        if node.get("Alive")
+    ]
+    count = sum(gpus // per_job for gpus in on_nodes)
+    if count < 1:
+        raise FurcateConfigError(
+            "hydra.launcher.gpus_per_job",
+            per_job,
+            f"a job's GPUs must be on one node, and no node of the Ray cluster at {where} has "
+            f"{per_job} (GPUs per node: {', '.join(map(str, on_nodes)) or 'none'}; "
+            f"{_short(resources)})",
+            f"set gpus_per_job to at most {max(on_nodes, default=1) or 1}, or add a node with "
+            f"{per_job} GPUs (`ray start ... --num-gpus={per_job}`)",
+        )
+    return count
 
 
 def _gpu_share(options: SlotOptions, ray_options: RayOptions) -> float:

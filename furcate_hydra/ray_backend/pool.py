@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import time
 from typing import Any
 
+from furcate_hydra import env_vars
 from furcate_hydra.execution.forkserver.protocol import Placement, Start
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool
@@ -126,7 +128,10 @@ class RayTransport(Transport):
     def place(self, job: Job) -> Placed:
         index = self._free.pop(0)
         slot = self.plan.slots[index]
-        slot_env = {"FURCATE_SLOT": str(index)}  # Ray sets CUDA_VISIBLE_DEVICES itself
+        slot_env = {  # Ray sets CUDA_VISIBLE_DEVICES itself: as many GPUs as asked, or one shared
+            "FURCATE_SLOT": str(index),
+            env_vars.GPUS_PER_JOB: str(math.ceil(self.plan.gpus_per_slot)),
+        }
         if slot.threads is not None:
             slot_env.update(dict.fromkeys(_THREAD_VARS, str(slot.threads)))
         start = Start(

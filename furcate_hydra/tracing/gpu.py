@@ -1,10 +1,11 @@
 """A job's own GPU memory and its GPU's utilisation, from NVML.
 
-    slot's device id ──► NVML handle (index or UUID) ──► compute processes on it ──► memory of
+    slot's device ids ─► NVML handle (index or UUID) ──► compute processes on it ──► memory of
                          those whose pid is in the job's process tree; the GPU's utilisation
 
 NVML lists the processes that hold memory on a GPU, each with what it holds, so a job's share
-is told apart from its neighbours' on a shared GPU. ``pynvml`` is imported on the first GPU
+is told apart from its neighbours' on a shared GPU. A job of several GPUs
+sums its memory over them (``over_gpus``). ``pynvml`` is imported on the first GPU
 sample, never for CPU slots. Where NVML cannot answer (no driver, a device it does not know, a
 MIG instance without utilisation), the value is None and the trace goes on without it. In a
 container with its own pid namespace NVML reports the host's pids, which match no job: the
@@ -14,14 +15,14 @@ job's GPU memory then reads 0.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from furcate_hydra.execution.devices import nvml_handle
 from furcate_hydra.tracing.process_tree import MIB
 
-__all__ = ["DeviceReading", "GpuUsage", "NvmlSampler"]
+__all__ = ["DeviceReading", "GpuUsage", "NvmlSampler", "over_gpus"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,15 @@ class GpuUsage:
 
     mem_mb: float | None
     util_percent: float | None
+
+
+def over_gpus(usages: Sequence[GpuUsage]) -> GpuUsage:
+    """A job's figures over its GPUs (``gpus_per_job``): the memory it holds on them all (the
+    GPUs NVML answered for; None where none did), and their mean utilisation, so that a
+    job of several GPUs reads on the same 0-100 scale as a job of one."""
+    held = [usage.mem_mb for usage in usages if usage.mem_mb is not None]
+    busy = [usage.util_percent for usage in usages if usage.util_percent is not None]
+    return GpuUsage(sum(held) if held else None, sum(busy) / len(busy) if busy else None)
 
 
 @dataclass(frozen=True)

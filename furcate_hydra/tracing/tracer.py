@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from furcate_hydra.execution.gpu_groups import slot_devices
 from furcate_hydra.layout import JobPaths
-from furcate_hydra.tracing.gpu import GpuUsage, NvmlSampler
+from furcate_hydra.tracing.gpu import GpuUsage, NvmlSampler, over_gpus
 from furcate_hydra.tracing.plot import TracePlotter
 from furcate_hydra.tracing.process_tree import MIB, TreeUsage, tree_usage
 from furcate_hydra.tracing.samples import TracePeaks, TraceSample, append_sample, read_trace
@@ -131,7 +132,8 @@ class ResourceTracer:
         title: str,
     ) -> None:
         """Trace the process ``pid`` started for job ``key``; a retry's process replaces the
-        crashed one in the same trace."""
+        crashed one in the same trace. ``device``: its slot's (one GPU, several
+        comma-separated, or None on CPU)."""
         with self._cond:
             job = self._jobs.get(key)
             if job is None:
@@ -218,7 +220,8 @@ class ResourceTracer:
         usage = tree_usage(pid)
         if usage is None:
             return  # its process has ended; the launcher ends the job soon
-        gpu = self._gpu.usage(job.device, usage.pids) if job.device is not None else None
+        devices = slot_devices(job.device)  # a job of several GPUs: on each of them
+        gpu = over_gpus([self._gpu.usage(d, usage.pids) for d in devices]) if devices else None
         now = time.time()
         with self._cond:
             if self._jobs.get(job.key) is not job or job.attempt != attempt:

@@ -98,6 +98,11 @@ class FurcateLauncherConf:
     # queued again and its GPU runs one fewer; a number is exclusive with gpu_mem_per_job_gb
     # (typed Any so that `auto` and a bad value get furcate's message)
     jobs_per_gpu: Optional[Any] = None
+    # GPUs of one machine each job gets to itself (its Trainer's devices): each slot is that
+    # many GPUs, listed in CUDA_VISIBLE_DEVICES in the GPUs' order; GPUs left over stay unused;
+    # above 1, no GPU is shared (not with jobs_per_gpu, gpu_mem_per_job_gb or mps=on); on CPU
+    # slots it is left aside (typed Any so that a bad value gets furcate's message)
+    gpus_per_job: Any = 1
     # size slots by memory: jobs per GPU = free GPU memory / this, at least 1
     gpu_mem_per_job_gb: Optional[float] = None
     # upper bound for jobs per GPU when sizing by memory or with jobs_per_gpu=auto; null: as
@@ -117,7 +122,8 @@ class FurcateLauncherConf:
     mps: Any = "auto"
     # cap on the total number of slots (furcate's max_threads)
     max_workers: Optional[int] = None
-    # cores pinned to each slot; torch/OpenMP threads follow
+    # cores pinned to each slot (per job: a job's ranks share them); torch/OpenMP threads
+    # follow, split between the ranks of a job of several GPUs
     cpus_per_job: Optional[int] = None
     # with no GPU, run on CPU slots (false: stop with an error before anything runs)
     allow_cpu: bool = True

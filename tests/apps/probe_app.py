@@ -27,6 +27,7 @@ def record(cfg: DictConfig) -> dict[str, Any]:
         "sid": os.getsid(0),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "slot": os.environ.get("FURCATE_SLOT"),
+        "gpus_per_job": os.environ.get("FURCATE_GPUS_PER_JOB"),
         "optuna_prune_url": os.environ.get("FURCATE_OPTUNA_PRUNE_URL"),
         "affinity": sorted(os.sched_getaffinity(0)),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
