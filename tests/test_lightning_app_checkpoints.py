@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 
-def trainer_with(*callbacks: Any) -> Any:
-    return SimpleNamespace(checkpoint_callbacks=list(callbacks))
+def trainer_with(*callbacks: Any, rank_zero: bool = True) -> Any:
+    return SimpleNamespace(checkpoint_callbacks=list(callbacks), is_global_zero=rank_zero)
 
 
 def saved(path: Path, mtime: float) -> Path:
@@ -52,6 +52,25 @@ def test_the_apps_last_ckpt_is_taken_only_when_newer_and_whole(
     assert finder.newer_last(trainer_with(app), ours) == older
     no_last = callbacks.ModelCheckpoint(dirpath=job / "checkpoints", save_last=False)
     assert finder.newer_last(trainer_with(no_last), ours) is None
+
+
+def test_another_rank_points_at_the_new_dir_and_leaves_the_files_to_rank_zero(
+    tmp_path: Path,
+) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from furcate_hydra.lightning import JobEnv
+    from furcate_hydra.lightning._app_checkpoints import AppCheckpoints
+
+    old, new = tmp_path / "first" / "0" / "checkpoints", tmp_path / "second" / "0" / "checkpoints"
+    best = saved(old / "epoch_001.ckpt", 1000)
+    app = ModelCheckpoint(dirpath=new, monitor="val/acc")
+    state: dict[str, Any] = {"dirpath": str(old), "best_model_path": str(best)}
+    carrier = AppCheckpoints(JobEnv(new.parent, new.parent / "resume"))
+    checkpoint = {"callbacks": {app.state_key: state}}
+    carrier.on_load_checkpoint(trainer_with(app, rank_zero=False), None, checkpoint)  # type: ignore[arg-type]
+    assert state["best_model_path"] == str(new / "epoch_001.ckpt")  # as rank zero has it
+    assert not new.exists()  # rank zero links the files: two ranks would race for the names
 
 
 def test_a_resumed_state_is_carried_into_the_new_dir_and_the_old_files_stay(

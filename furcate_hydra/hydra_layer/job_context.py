@@ -18,6 +18,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from furcate_hydra.hydra_layer.hydra_private import Callbacks, returned
+from furcate_hydra.hydra_layer.rank_processes import prepare_for_ranks
 from furcate_hydra.lightning_auto import install_for_job
 from furcate_hydra.store import database_opened
 
@@ -119,6 +120,8 @@ class _GatedCallbacks(Callbacks):
         os.environ.update({str(k): str(v) for k, v in config.hydra.job.env_set.items()})
         # hydra.launcher.lightning=auto: a Trainer the task builds gets what fit gives
         install_for_job()
+        # Lightning's DDP subprocess launcher re-runs the script: for this job, not the sweep
+        prepare_for_ranks(config, task_function)
         super().on_job_start(config, task_function=task_function, **kwargs)
 
 

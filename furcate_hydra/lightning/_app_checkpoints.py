@@ -78,15 +78,18 @@ class AppCheckpoints(CallbackBase):
                 continue
             old, new = state.get("dirpath"), str(callback.dirpath)
             if old and old != new:
-                self._carry(state, Path(old), Path(new))
+                self._carry(state, Path(old), Path(new), trainer.is_global_zero)
 
-    def _carry(self, state: dict[str, Any], old: Path, new: Path) -> None:
+    def _carry(self, state: dict[str, Any], old: Path, new: Path, files: bool) -> None:
+        """Point ``state``'s paths from ``old`` to ``new``; ``files``: also link the files
+        there (one rank of a distributed job: the others would race it for the same names)."""
+
         def moved(path: Any) -> Any:
             relative = _relative(Path(path), old) if path else None
             if relative is None or not (old / relative).is_file():
                 return path
             target = new / relative
-            if not target.exists():
+            if files and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 link_or_copy(old / relative, target)
                 self.carried.append(target)

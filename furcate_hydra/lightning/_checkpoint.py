@@ -41,6 +41,7 @@ from furcate_hydra.lightning._pointer import (
     write_pointer,
 )
 from furcate_hydra.lightning._preemption import PreemptionWatch
+from furcate_hydra.lightning._rank_agreement import any_rank
 from furcate_hydra.preemption import JobPreempted
 
 if TYPE_CHECKING:
@@ -135,8 +136,8 @@ class AtomicCheckpoint(CheckpointBase):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        stop = self.watch is not None and self.watch.signal_name is not None
-        if not (stop or self._due(trainer)) or _debugging(trainer):
+        stop, due = self._stop_or_due(trainer)
+        if not (stop or due) or _debugging(trainer):
             return
         if self.exact is None or not self.exact.resumable:
             if stop:
@@ -156,7 +157,7 @@ class AtomicCheckpoint(CheckpointBase):
         # an epoch cut short (max_steps, a module returning -1) ends where training stopped;
         # one of unknown length (an iterable dataset) ends when its data does
         saved = self.save(trainer, done if math.isfinite(planned) and done < planned else None)
-        if self.watch is not None and self.watch.signal_name is not None:
+        if self._stop_or_due(trainer, due=False)[0]:
             self._stop(saved)
 
     # -- saving --------------------------------------------------------------------------
@@ -193,6 +194,15 @@ class AtomicCheckpoint(CheckpointBase):
         self._prune({e.file for e in kept[: self.keep]})
         self.last_saved = final
         return final
+
+    def _stop_or_due(self, trainer: pl.Trainer, due: bool | None = None) -> tuple[bool, bool]:
+        """Whether to stop (a preemption signal was noted) and to save (``_due``, unless
+        given), as every rank of a distributed job agrees: any rank's yes is each rank's."""
+        stop = self.watch is not None and self.watch.signal_name is not None
+        stop, due = any_rank(trainer, stop, self._due(trainer) if due is None else due)
+        if stop and self.watch is not None and self.watch.signal_name is None:
+            self.watch.signal_name = "a preemption signal to another rank"
+        return stop, due
 
     def _due(self, trainer: pl.Trainer) -> bool:
         by_steps = (

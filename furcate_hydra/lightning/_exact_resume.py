@@ -38,6 +38,18 @@ class ResumeNotExactWarning(UserWarning):
     """The training data cannot resume mid-epoch: a resumed job repeats its epoch's start."""
 
 
+class _ResumableRequest:
+    """The fit loop's request for the train loader, answered with it made resumable. A class,
+    not a closure: ``ddp_spawn`` pickles the Trainer, its data source with it, into each rank."""
+
+    def __init__(self, resume: ExactResume, request: Callable[[], Any]) -> None:
+        self.resume = resume
+        self.request = request
+
+    def __call__(self) -> Any:
+        return self.resume._remake(self.request())
+
+
 class ExactResume(CallbackBase):
     """Make the train data resumable and carry its position and the RNG states in checkpoints.
 
@@ -74,11 +86,7 @@ class ExactResume(CallbackBase):
         if source is None or not callable(request):
             self.not_exact = "this Lightning version does not let fit reach the train data"
             return
-
-        def resumable_dataloader() -> Any:
-            return self._remake(request())
-
-        source.dataloader = resumable_dataloader
+        source.dataloader = _ResumableRequest(self, request)
 
     def _remake(self, loader: Any) -> Any:
         if self._trainer is not None and self._trainer.world_size > 1:

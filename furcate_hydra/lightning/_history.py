@@ -105,6 +105,16 @@ class MetricsHistory(CheckpointBase):
         if trainer.is_global_zero and self.rows:
             self.write()
 
+    def read(self) -> None:
+        """Take the rows ``self.path`` holds (written by another process: rank 0 of
+        ``ddp_spawn``), if it holds any."""
+        try:
+            rows = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(rows, list) and rows:
+            self.rows = [dict(row) for row in rows if isinstance(row, dict)]
+
     def write(self) -> Path:
         """Write all rows to ``self.path`` atomically."""
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._namespace import Namespace
 from furcate_hydra.lightning._plots import PLOTS_DIR, plot_history
-from furcate_hydra.lightning._pointer import resume_point
+from furcate_hydra.lightning._pointer import final_checkpoint, resume_point
 from furcate_hydra.lightning._preemption import PreemptionWatch
 from furcate_hydra.lightning._progress import ProgressFile
 from furcate_hydra.lightning._pruning import OptunaPruning
@@ -65,6 +65,12 @@ class Finished:
     history_path: Path
     plot_paths: list[Path]
     checkpoint_path: Path | None
+
+
+def spawns_ranks(trainer: pl.Trainer) -> bool:
+    """Whether ``fit`` trains in processes it spawns (``ddp_spawn``), not in this one."""
+    launcher = getattr(trainer.strategy, "launcher", None)
+    return type(launcher).__name__ == "_MultiProcessingLauncher"
 
 
 class JobTraining:
@@ -125,6 +131,7 @@ class JobTraining:
         """Around ``Trainer.fit``: resumable train data, and SIGTERM/SIGUSR1 as a preemption."""
         ignore_lightning_pytree_deprecation()
         self.exact.attach(trainer)
+        self.watch.forward_to_children = spawns_ranks(trainer)
         self.watch.install()
         try:
             yield
@@ -133,6 +140,12 @@ class JobTraining:
             if self.watch.signal_name is None:
                 raise
             raise JobPreempted(self.watch.signal_name, None) from None
+        except Exception as exc:
+            # ddp_spawn: the ranks stopped for the signal passed on to them, which Lightning
+            # hands back as their processes' error
+            if self.watch.signal_name is None or not self.watch.forward_to_children:
+                raise
+            raise JobPreempted(self.watch.signal_name, None) from exc
         finally:
             self.watch.restore()
 
@@ -141,9 +154,15 @@ class JobTraining:
         history_path = self.history.path
         if not trainer.is_global_zero:
             return Finished(history_path, [], None)
+        final = self.checkpoint.last_saved
+        if spawns_ranks(trainer):
+            # the ranks trained in processes of their own: rank 0 left its history and its
+            # checkpoints on disk, and this process's callbacks saw nothing
+            self.history.read()
+            final = final_checkpoint(self.checkpoint.dirpath)
         self.history.write()
         plots = plot_history(self.history.rows, self.env.output_dir)
-        final = self.checkpoint.last_saved or (self.resumed.path if self.resumed else None)
+        final = final or (self.resumed.path if self.resumed else None)
         kept = link_or_copy(final, self.env.paths.final_checkpoint) if final else None
         env = self.env
         if env.tracking_uri is not None and env.run_id is not None:  # env.recording

@@ -66,6 +66,15 @@ class RunBinding(_LoggerBase):
 
     _epoch_logged: tuple[int, float] | None = None  # (step, epoch) last logged
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # ddp_spawn pickles the Trainer, its loggers with it, into each rank; a class that
+        # bound_class made lives in no module, so it is pickled as its base and made again
+        cls = type(self)
+        base = cls.__bases__[-1]
+        if _BOUND_CLASSES.get(base) is not cls:
+            return super().__reduce_ex__(protocol)
+        return (_new_bound, (base,), self.__dict__)
+
     @property
     def _bound_run_id(self) -> str:
         return str(self._run_id)  # given to MLFlowLogger.__init__ as run_id
@@ -154,6 +163,12 @@ def bound_class(cls: type) -> type:
         name = f"RunBound{cls.__name__}"
         _BOUND_CLASSES[cls] = type(name, (RunBinding, cls), {"__module__": cls.__module__})
     return _BOUND_CLASSES[cls]
+
+
+def _new_bound(base: type) -> Any:
+    """An empty ``bound_class(base)`` object, its state set by unpickling."""
+    cls: Any = bound_class(base)
+    return cls.__new__(cls)
 
 
 def job_arguments(env: JobEnv) -> dict[str, Any]:

@@ -6,6 +6,10 @@ state is whole. Lightning installs its own SIGTERM handler when fit starts (its 
 at the end of the batch, before anything is saved), so the watch takes the signal back then.
 DataLoader workers forked while the watch is installed inherit it, so a signal sent to the whole
 process group does not kill them before the job has saved.
+
+Under ``ddp_spawn`` the job's process trains nothing: its ranks are processes it spawned, which
+a signal sent to the job's process alone would not reach. There the watch passes the signal on
+to its child processes (``forward_to_children``), and the ranks agree on where to stop.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class PreemptionWatch:
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.forward_to_children = False
         self._previous: dict[int, Any] = {}
 
     @property
@@ -55,3 +60,18 @@ class PreemptionWatch:
     def _note(self, signum: int, frame: FrameType | None) -> None:
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
+        if self.forward_to_children:
+            _forward(signum)
+
+
+def _forward(signum: int) -> None:
+    """Send ``signum`` to this process's children (the ranks ``ddp_spawn`` started), but not
+    to multiprocessing's resource tracker, which must outlive them to clean up."""
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            if not any("resource_tracker" in part for part in child.cmdline()):
+                child.send_signal(signum)
+        except psutil.Error:  # ended meanwhile
+            continue
