@@ -174,3 +174,34 @@ def test_sigterm_to_a_ddp_job_saves_once_queues_it_again_and_every_rank_resumes(
     assert {r["global_step"] for r in first} == {0}
     steps = {r["global_step"] for r in second}
     assert len(steps) == 1 and steps.pop() > 0  # both ranks, from the one checkpoint
+
+
+def rank_pids(sweep: Path) -> list[int]:
+    jobs = sorted(sweep.iterdir()) if sweep.is_dir() else []
+    return [rank["pid"] for job in jobs if job.is_dir() for rank in ranks(job)]
+
+
+def test_a_failed_rank_fails_its_job_and_leaves_no_rank_behind(tmp_path: Path) -> None:
+    done = run_cli(
+        APPS / "ddp_app.py",
+        "-m",
+        "trainer=ddp,ddp_sim",
+        "fail_rank=1",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "2 failed" in out, out
+    pids = rank_pids(tmp_path / "sweep")
+    assert len(pids) == 4 and still_alive(pids, timeout=20) == []
+
+
+def test_a_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    with killed_if_left(
+        start_sweep("ddp_app.py", tmp_path, "trainer=ddp,ddp_sim", "epoch_sleep=4")
+    ) as process:
+        wait_for(lambda: len(rank_pids(sweep)) == 4, process, "every rank training", 180)
+        os.kill(process.pid, signal.SIGKILL)  # the launcher alone: its jobs must not outlive it
+        process.wait()
+        assert still_alive(rank_pids(sweep), timeout=30) == []

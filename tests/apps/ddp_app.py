@@ -26,10 +26,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Regression(L.LightningModule):
-    def __init__(self, lr: float, epoch_sleep: float = 0.0) -> None:
+    def __init__(self, lr: float, epoch_sleep: float = 0.0, fail_rank: int | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.lr, self.epoch_sleep = lr, epoch_sleep
+        self.lr, self.epoch_sleep, self.fail_rank = lr, epoch_sleep, fail_rank
         self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -37,6 +37,8 @@ class Regression(L.LightningModule):
             import time
 
             time.sleep(self.epoch_sleep / self.trainer.num_training_batches)
+        if self.global_rank == self.fail_rank and self.current_epoch == 1:
+            raise RuntimeError(f"rank {self.global_rank} fails in epoch 1, as asked")
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss, sync_dist=True)
@@ -74,7 +76,7 @@ def loader(seed: int) -> DataLoader[Any]:
 def main(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True)
     trainer: L.Trainer = instantiate(cfg.trainer)
-    model = Regression(float(cfg.lr), float(cfg.epoch_sleep))
+    model = Regression(float(cfg.lr), float(cfg.epoch_sleep), cfg.fail_rank)
     trainer.fit(model, loader(0), loader(1))
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return {"val_loss": float(trainer.callback_metrics["val_loss"]), "weights": weights.tolist()}
