@@ -7,6 +7,8 @@ apart from both so that neither side imports the other's heavy dependencies.
 from __future__ import annotations
 
 __all__ = [
+    "APP_MODULE",
+    "APP_SCRIPT",
     "CHECKPOINT_DIR",
     "CHECKPOINT_EVERY_N_STEPS",
     "CHECKPOINT_EVERY_S",
@@ -48,6 +50,11 @@ PROGRESS_EVERY_S = "FURCATE_PROGRESS_EVERY_S"
 # How many GPUs the job's slot has (hydra.launcher.gpus_per_job; 0 on a CPU slot), set with
 # its CUDA_VISIBLE_DEVICES: a Trainer asking for more devices is told so in furcate's words
 GPUS_PER_JOB = "FURCATE_GPUS_PER_JOB"
+# How the app was started, as its launcher saw it: the script's path, or the module of
+# `python -m` (a job's process may be a fork server's own interpreter); Lightning's DDP
+# launcher starts the job's other ranks the same way
+APP_SCRIPT = "FURCATE_APP_SCRIPT"
+APP_MODULE = "FURCATE_APP_MODULE"
 
 # Set by the Optuna sweeper in each trial's job (all four or none): the job reports its
 # monitored metric each epoch to trial TRIAL_NUMBER of STUDY in STORAGE.

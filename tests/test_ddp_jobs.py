@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,15 @@ def test_ddp_spawn_and_the_subprocess_launcher_sweep_as_one_run_per_config(
     )
     assert rerun.returncode == 0 and "2 skipped" in rerun.stdout + rerun.stderr
     assert len(job_runs(mlflow_store)) == 2
+    status = subprocess.run(
+        [sys.executable, "-m", "furcate_hydra.cli", "status", str(tmp_path / "sweep")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    ).stdout
+    assert "FINISHED 2" in status  # a job a line, whatever its ranks
+    assert len([line for line in status.splitlines() if "trainer=" in line]) == 3  # + command
 
 
 def test_a_trainer_asking_more_gpus_than_its_slot_has_fails_naming_gpus_per_job(
@@ -152,9 +163,9 @@ def test_ctrl_c_leaves_no_rank_behind(tmp_path: Path) -> None:
     assert still_alive(tree, timeout=20) == []
 
 
-@pytest.mark.parametrize("trainer", ["ddp", "ddp_sim"])
-def test_sigterm_to_a_ddp_job_saves_once_queues_it_again_and_every_rank_resumes(
-    tmp_path: Path, mlflow_store: str, trainer: str
+@pytest.mark.parametrize(("trainer", "signum"), [("ddp", "SIGTERM"), ("ddp_sim", "SIGUSR1")])
+def test_a_preemption_signal_to_a_ddp_job_queues_it_again_and_every_rank_resumes(
+    tmp_path: Path, mlflow_store: str, trainer: str, signum: str
 ) -> None:
     options = [f"trainer={trainer}", "epoch_sleep=3"]
     job_dir = tmp_path / "sweep" / "0"
@@ -164,7 +175,7 @@ def test_sigterm_to_a_ddp_job_saves_once_queues_it_again_and_every_rank_resumes(
         job = psutil.Process(process.pid).children(recursive=True)
         # the job's own process: the fork server's child that leads its session
         (leader,) = [p for p in job if os.getsid(p.pid) == p.pid and p.name() == "furcate-job"]
-        leader.send_signal(signal.SIGTERM)  # a scheduler preempting the job, from outside
+        leader.send_signal(signal.Signals[signum])  # a scheduler preempting the job
         _, err = process.communicate(timeout=240)
     assert process.returncode == 0, err.decode()
     (run,) = job_runs(mlflow_store)
@@ -205,3 +216,39 @@ def test_a_killed_launcher_leaves_no_rank_behind(tmp_path: Path) -> None:
         os.kill(process.pid, signal.SIGKILL)  # the launcher alone: its jobs must not outlive it
         process.wait()
         assert still_alive(rank_pids(sweep), timeout=30) == []
+
+
+def test_optuna_prunes_a_ddp_trial_on_every_rank_at_once(tmp_path: Path) -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    done = run_cli(
+        APPS / "ddp_app.py",
+        "-m",
+        "trainer=ddp",
+        "trainer.max_epochs=4",
+        "returns=val_loss",
+        "hydra/sweeper=furcate_optuna",
+        "hydra/sweeper/pruner=percentile",
+        "hydra.sweeper.pruner.percentile=50",
+        "hydra.sweeper.pruner.n_startup_trials=1",
+        "hydra.sweeper.pruner.n_warmup_steps=0",
+        "hydra.sweeper.monitor=val_loss",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=1",
+        "hydra.sweeper.sampler.seed=3",
+        "lr=interval(0.001, 0.2)",
+        f"hydra.sweeper.storage=sqlite:///{tmp_path / 'optuna.db'}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = optuna.load_study(
+        study_name=summary.study_name, storage=f"sqlite:///{tmp_path / 'optuna.db'}"
+    )
+    states = [trial.state for trial in study.trials]
+    assert TrialState.PRUNED in states and set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}
+    for trial in study.trials:
+        if trial.state is TrialState.PRUNED:  # stopped at the epoch the pruner named
+            assert len(trial.intermediate_values) < 4, trial

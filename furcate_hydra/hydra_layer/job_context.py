@@ -121,7 +121,7 @@ class _GatedCallbacks(Callbacks):
         # hydra.launcher.lightning=auto: a Trainer the task builds gets what fit gives
         install_for_job()
         # Lightning's DDP subprocess launcher re-runs the script: for this job, not the sweep
-        prepare_for_ranks(config, task_function)
+        prepare_for_ranks(config)
         super().on_job_start(config, task_function=task_function, **kwargs)
 
 

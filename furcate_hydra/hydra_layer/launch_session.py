@@ -49,6 +49,7 @@ from furcate_hydra.hydra_layer.launch import (
 )
 from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
 from furcate_hydra.hydra_layer.options import as_option_error
+from furcate_hydra.hydra_layer.rank_processes import launch_env
 from furcate_hydra.hydra_layer.run_ledger import RunLedger
 from furcate_hydra.hydra_layer.session_view import SessionView
 from furcate_hydra.hydra_layer.slurm_session import SlurmSession
@@ -126,6 +127,7 @@ class LaunchSession:
             self.executor, self.ledger, self, options.fail_fast
         )
         self._job_env = options.training.job_env()  # every job's, before its own
+        self._job_env.update(launch_env())  # how the app was started: for DDP's other ranks
         if self.packing is not None and self.packing.grows:  # auto reads steps/s from them
             self._job_env[env_vars.PROGRESS_EVERY_S] = repr(AUTO_PROGRESS_EVERY_S)
         self.composer = composer or SweepComposer(hydra_context, config)

@@ -17,7 +17,8 @@ processes instead and needs none of this, only picklable callbacks.
 
 from __future__ import annotations
 
-import inspect
+import importlib.machinery
+import os
 import sys
 from typing import Any
 
@@ -25,9 +26,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from furcate_hydra import env_vars
 from furcate_hydra.lightning_auto import install_for_job
 
-__all__ = ["RankStart", "prepare_for_ranks", "rank_overrides"]
+__all__ = ["RankStart", "launch_env", "prepare_for_ranks", "rank_overrides"]
 
 # Hydra overrides a rank must not take from its job: the sweep's, and what Lightning sets
 _NOT_FOR_RANKS = (
@@ -35,7 +37,6 @@ _NOT_FOR_RANKS = (
     *("hydra/sweeper", "hydra.sweeper."),
 )
 _CALLBACK = f"+hydra.callbacks.furcate_ranks._target_={__name__}.RankStart"
-_SERVER = "furcate_hydra.execution.forkserver"
 
 
 def rank_overrides(config: DictConfig) -> list[str]:
@@ -45,16 +46,28 @@ def rank_overrides(config: DictConfig) -> list[str]:
     return [*map(str, overrides.task), *map(str, hydra), "hydra.mode=RUN", _CALLBACK]
 
 
-def prepare_for_ranks(config: DictConfig, task_function: Any) -> None:
+def launch_env() -> dict[str, str]:
+    """What the launcher's process tells each job of how the app was started (its script,
+    or the module of ``python -m``): a job's process may be a fork server's, started its own
+    way, whose command line says nothing of the app."""
+    env = {}
+    if sys.argv and os.path.isfile(sys.argv[0]):
+        env[env_vars.APP_SCRIPT] = os.path.abspath(sys.argv[0])
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        env[env_vars.APP_MODULE] = str(spec.name)
+    return env
+
+
+def prepare_for_ranks(config: DictConfig) -> None:
     """Make the job's process look, to Lightning's subprocess launcher, like a single run of
-    this job: its command line and its run dir. Only this job's process is changed."""
+    this job started as the app was: its command line, its ``__main__``, its run dir. Only
+    this job's process is changed."""
+    script = os.environ.get(env_vars.APP_SCRIPT) or (sys.argv[0] if sys.argv else "")
+    module = os.environ.get(env_vars.APP_MODULE)
     main = sys.modules.get("__main__")
-    script = sys.argv[0] if sys.argv else ""
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and str(spec.name).startswith(_SERVER):
-        # a fork server started as its own interpreter: the app's script is the task's file
-        main.__spec__ = None  # type: ignore[union-attr]
-        script = inspect.getfile(task_function)
+    if main is not None:  # Lightning runs `python -m <its spec's name>`, or the script
+        main.__spec__ = importlib.machinery.ModuleSpec(module, None) if module else None
     sys.argv = [script, *rank_overrides(config)]
     hydra: Any = HydraConfig.instance().cfg  # the job's config, its hydra node only
     if hydra is not None:

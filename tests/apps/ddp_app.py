@@ -73,13 +73,16 @@ def loader(seed: int) -> DataLoader[Any]:
 
 
 @hydra.main(version_base="1.3", config_path="conf/ddp", config_name="config")
-def main(cfg: DictConfig) -> dict[str, Any]:
+def main(cfg: DictConfig) -> dict[str, Any] | float:
     L.seed_everything(int(cfg.seed), workers=True)
     trainer: L.Trainer = instantiate(cfg.trainer)
     model = Regression(float(cfg.lr), float(cfg.epoch_sleep), cfg.fail_rank)
     trainer.fit(model, loader(0), loader(1))
+    val_loss = float(trainer.callback_metrics["val_loss"])
+    if cfg.returns == "val_loss":  # an Optuna objective
+        return val_loss
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
-    return {"val_loss": float(trainer.callback_metrics["val_loss"]), "weights": weights.tolist()}
+    return {"val_loss": val_loss, "weights": weights.tolist()}
 
 
 if __name__ == "__main__":
