@@ -1,5 +1,6 @@
 """On a real NVIDIA GPU: the devices jobs see, the memory the trace records, jobs sharing a GPU,
-``jobs_per_gpu=auto`` packing and backing off, and the MPS daemon of ``mps=on``.
+``jobs_per_gpu=auto`` packing and backing off, a fixed count that does not fit, the MPS daemon
+of ``mps=on``, and a DDP job on CUDA.
 
 Each sweep is ``tests/apps/gpu_app.py -m`` through the real Hydra CLI on ``gpus=[0]``, every
 job recorded into the test's own sqlite store. When jobs ran at once is read from the tasks'
@@ -218,3 +219,23 @@ def test_mps_on_serves_jobs_sharing_a_gpu_and_stops_with_the_sweep(tmp_path: Pat
     assert still_alive(sorted(servers)) == []
     left = [p.pid for p in mps_processes() if p.info["create_time"] >= began - 1]
     assert still_alive(left) == [], "the sweep's MPS daemon outlived it"
+
+
+@pytest.mark.timeout(150)
+def test_a_ddp_job_trains_on_the_gpu_through_the_same_path(tmp_path: Path) -> None:
+    # one GPU: strategy=ddp with devices=1, the launcher's rank path and Lightning's on CUDA
+    result = run_cli(
+        APPS / "ddp_app.py",
+        "-m",
+        "trainer=ddp",
+        "trainer.accelerator=gpu",
+        "trainer.devices=1",
+        "lr=0.05,0.1",
+        "hydra.launcher.gpus=[0]",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+        timeout=140,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    assert [r.status for r in job_runs(tmp_path)] == ["FINISHED"] * 2, output[-6000:]
