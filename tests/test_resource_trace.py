@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from furcate_hydra.execution.devices import NvmlProbe
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.tracing import ResourceTracer, TracePeaks, TraceSample
 from furcate_hydra.tracing.gpu import GpuUsage, NvmlSampler
@@ -270,6 +271,7 @@ def test_a_gpu_job_is_traced_by_pid_over_its_process_tree(
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not NvmlProbe().device_ids(), reason="no NVIDIA GPU here (NVML lists none)")
 def test_real_nvml_sees_a_processes_cuda_memory(tmp_path: Path) -> None:
     code = (
         "import time, torch\n"
