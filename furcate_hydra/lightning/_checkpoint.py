@@ -41,7 +41,7 @@ from furcate_hydra.lightning._pointer import (
     write_pointer,
 )
 from furcate_hydra.lightning._preemption import PreemptionWatch
-from furcate_hydra.lightning._rank_agreement import any_rank
+from furcate_hydra.lightning._rank_agreement import any_rank, leave_group_at_exit
 from furcate_hydra.preemption import JobPreempted
 
 if TYPE_CHECKING:
@@ -127,6 +127,8 @@ class AtomicCheckpoint(CheckpointBase):
         if self.watch is not None:
             self.watch.reclaim()
         self._last_step, self._last_time = trainer.global_step, time.monotonic()
+        if trainer.world_size > 1:
+            leave_group_at_exit()
 
     def on_train_batch_end(
         self,
