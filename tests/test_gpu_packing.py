@@ -257,6 +257,15 @@ def test_a_gain_of_0_leaves_memory_alone_to_decide() -> None:
     assert p.capacity("0") == 4  # no rate was read
 
 
+def test_a_peak_that_grows_after_it_was_learned_is_learned_again() -> None:
+    p = packing(budget_gib=10)
+    p.started("a", "0")
+    settle(p, "a", 1)  # 1 GiB a job: many fit
+    p.sample("a", 3 * GIB, SOURCE_PROCESS, at=10.0)  # late growth, not held long yet
+    p.ended("a")
+    assert p.snapshot()["0"]["peak_gib_per_job"] == pytest.approx(3.0)
+
+
 def test_a_short_job_is_learned_from_its_last_reading_at_its_end() -> None:
     p = packing(budget_gib=10)
     p.started("a", "0")

@@ -205,14 +205,17 @@ class GpuPacking:
             if job is None or not self.grows:
                 return
             if held_bytes > job.peak:
+                # a peak learned earlier no longer holds: it is learned again once this one
+                # has held, or at the job's end
                 job.peak, job.risen_at, job.source = held_bytes, now, source
+                job.learned = False
                 return
             if job.peak and not job.learned and now - job.risen_at >= SETTLE_S:
                 self._learn(self._gpus[job.device], job)
                 self._grow_all()
 
     def rate(self, device: str, jobs: int, value: float, unit: str) -> None:
-        """A GPU's aggregate rate while ``jobs`` jobs ran on it, all of them working."""
+        """A GPU's aggregate rate while ``jobs`` jobs trained on it."""
         with self._lock:
             gpu = self._gpus.get(device)
             if gpu is None or not self.grows:
