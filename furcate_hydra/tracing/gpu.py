@@ -78,11 +78,7 @@ class NvmlSampler:
             self._warn_once(device, f"cannot read the processes on GPU {device!r}: {exc}")
             return GpuUsage(None, None)
         held = sum(int(process.usedGpuMemory or 0) for process in processes if process.pid in pids)
-        try:
-            util: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except Exception:  # e.g. not supported on a MIG instance
-            util = None
-        return GpuUsage(held / MIB, util)
+        return GpuUsage(held / MIB, _utilisation(nvml, handle))
 
     def device(self, device: str) -> DeviceReading | None:
         """What NVML says of ``device`` now (three calls); None where it cannot answer."""
@@ -96,12 +92,8 @@ class NvmlSampler:
         except Exception as exc:  # NVMLError, or no such device
             self._warn_once(device, f"cannot read GPU {device!r}: {exc}")
             return None
-        try:
-            util: float | None = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except Exception:  # e.g. not supported on a MIG instance
-            util = None
         held = tuple((int(p.pid), int(p.usedGpuMemory or 0)) for p in processes)
-        return DeviceReading(held, int(memory.used), int(memory.total), util)
+        return DeviceReading(held, int(memory.used), int(memory.total), _utilisation(nvml, handle))
 
     def close(self) -> None:
         if self._nvml is not None:
@@ -136,3 +128,11 @@ class NvmlSampler:
         if device not in self._warned:
             self._warned.add(device)
             log.warning("furcate: %s: %s", self._who, why)
+
+
+def _utilisation(nvml: Any, handle: Any) -> float | None:
+    """The GPU's utilisation (percent), or None where NVML has none (e.g. a MIG instance)."""
+    try:
+        return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception:
+        return None
