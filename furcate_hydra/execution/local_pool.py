@@ -134,8 +134,8 @@ class LocalTransport(Transport):
         self._ahead: dict[str, Job] = {}  # forked ahead, waiting at their gates for a slot
         # The server hands an ended job's slot to a job ahead at once, before the launcher
         # hears of the end: on a shared GPU that would keep a slot an out-of-memory closed.
-        shared = any(count > 1 for count in plan.slots_per_gpu().values())
-        self._fork_ahead = options.fork_ahead and not (packing is not None and shared)
+        self._shared = any(count > 1 for count in plan.slots_per_gpu().values())
+        self._fork_ahead = options.fork_ahead and not (packing is not None and self._shared)
 
     @property
     def slot_count(self) -> int:
@@ -307,8 +307,7 @@ class LocalTransport(Transport):
     def _start_mps(self) -> None:
         """NVIDIA's MPS daemon, where ``options.mps`` asks and a GPU runs several jobs."""
         per_gpu = self.plan.slots_per_gpu()
-        shared = any(count > 1 for count in per_gpu.values())
-        self._mps = start_mps(self.options.mps, list(per_gpu), shared, self._sweep_dir)
+        self._mps = start_mps(self.options.mps, list(per_gpu), self._shared, self._sweep_dir)
 
     def _placement(self, slot: Slot) -> Placement:
         env = slot.env()
