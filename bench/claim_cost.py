@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.harness import OthersCpu, machine, publish, summarize, timed
 from bench.store_fixture import EXPERIMENT, FixtureSpec, cached_fixture, query_fingerprints
-from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK
+from furcate_hydra.launching.streaming import LOOKUP_CHUNK
 from furcate_hydra.store import ClaimRequest, Rerun, RunStatus, RunStore, Tags, TrackingUri
 from furcate_hydra.store.lookup import find_runs
 

@@ -33,7 +33,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, RunMode, TaskFunction
 
 from furcate_hydra.execution.local_pool import LocalPool
-from furcate_hydra.hydra_layer.launch_session import LaunchSession
+from furcate_hydra.launching.launch_session import LaunchSession
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 __all__ = [

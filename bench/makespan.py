@@ -45,7 +45,7 @@ from bench.harness import (
     task_value,
     write_results,
 )
-from furcate_hydra.hydra_layer.streaming import JobRequest
+from furcate_hydra.launching.streaming import JobRequest
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 SLOTS = 4

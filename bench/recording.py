@@ -53,7 +53,7 @@ from bench.harness import (
 )
 from bench.instrument import JobTimes, Timers, cpu_seconds, instrument
 from bench.recording_report import print_jobs, profile_rows, summary
-from furcate_hydra.hydra_layer.streaming import JobRequest
+from furcate_hydra.launching.streaming import JobRequest
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
 GOAL_JOBS_PER_S = 20.0

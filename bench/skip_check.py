@@ -39,7 +39,7 @@ from bench.store_fixture import (
     check_fixture,
     query_fingerprints,
 )
-from furcate_hydra.hydra_layer.streaming import LOOKUP_CHUNK
+from furcate_hydra.launching.streaming import LOOKUP_CHUNK
 from furcate_hydra.store import Action, Rerun, RunStore, Tags, TrackingUri
 from furcate_hydra.store.lookup import _from_search, find_runs
 

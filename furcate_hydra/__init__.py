@@ -1,11 +1,13 @@
 """furcate-hydra: run Hydra multirun sweeps of Lightning models on a pool of GPU slots.
 
-The layers, each a subpackage (ARCHITECTURE.md draws them): ``execution`` runs jobs (slots,
-the local fork-server pool), ``store`` remembers them in MLflow, ``sweeping`` and ``tuning``
-decide what to run, ``lightning`` is the job's side, and ``hydra_layer`` is the only place
-besides ``hydra_plugins/`` that imports Hydra. Importing this package stays cheap: a fork
-server that is a new interpreter imports ``furcate_hydra.execution.forkserver.server`` and must
-not pay for anything it does not use.
+The subpackages follow a job (ARCHITECTURE.md draws them): ``sweepers`` (what furcate's
+sweepers share) ask ``launching`` (the launch session), whose ``scheduling`` decides what runs
+when over ``records`` (skip / resume / record, on the MLflow ``store``) and an executor from
+``execution`` (slots, the fork server; ``ray_backend``, ``slurm``); each job's process runs
+``job_process`` and then the app, which calls ``lightning``. Hydra is imported only in
+``hydra_api``, ``launching``, ``sweepers``, ``records``, ``job_process`` and ``hydra_plugins/``.
+Importing this package stays cheap: a fork server that is a new interpreter imports
+``furcate_hydra.execution.forkserver.server`` and must not pay for anything it does not use.
 """
 
 from __future__ import annotations

@@ -33,13 +33,53 @@ ENV_VARS = "furcate_hydra.env_vars"
 EXECUTION = ("furcate_hydra.execution", ENV_VARS)
 
 
+# The Hydra-facing folders: the rest of the package never imports Hydra, so the core (what
+# runs when, where and how jobs run, the store, the traces) is testable without it.
+HYDRA_FACING = (
+    "furcate_hydra.hydra_api",
+    "furcate_hydra.launching",
+    "furcate_hydra.slurm.submit_sweep",
+    "furcate_hydra.sweepers",
+    "furcate_hydra.records",
+    "furcate_hydra.job_process",
+)
+# Slurm's one Hydra-facing module: ``backend=slurm`` on the login node reads the sweep's config.
+SLURM_SUBMIT = "furcate_hydra/slurm/submit_sweep.py"
+# What the launcher's options load: they are checked wherever a sweep's config is read.
+LAUNCHER_OPTIONS = (
+    "furcate_hydra.launching.launcher_options",
+    ENV_VARS,
+    "furcate_hydra.execution",
+    "furcate_hydra.hydra_api",
+    "furcate_hydra.job_process.lightning_auto",
+    "furcate_hydra.monitor",
+    "furcate_hydra.ray_backend.options",
+    "furcate_hydra.slurm",  # its package loads the Slurm core
+    "furcate_hydra.store",
+)
+LIGHTNING_AUTO = "furcate_hydra/job_process/lightning_auto.py"
+CORE = (
+    "furcate_hydra.execution",
+    "furcate_hydra.monitor",
+    "furcate_hydra.store",
+    "furcate_hydra.sweeping",
+    "furcate_hydra.tuning",
+    "furcate_hydra.tracing",
+    "furcate_hydra.ray_backend",
+    "furcate_hydra.slurm",
+    "furcate_hydra.scheduling",
+)
+
+
 @dataclass(frozen=True)
 class Rule:
-    """What the modules under ``folder`` may import of the project, and may not import at all."""
+    """What the modules under ``folder`` (a folder or one module) may import of the project,
+    and may not import at all; ``exempt`` modules have a rule of their own."""
 
     folder: str
     project: tuple[str, ...]  # allowed prefixes of furcate_hydra / hydra_plugins modules
     forbidden: tuple[str, ...]  # third-party top-level packages
+    exempt: tuple[str, ...] = ()
 
 
 RULES = (
@@ -50,8 +90,20 @@ RULES = (
         (*SHARED, *EXECUTION, "furcate_hydra.ray_backend"),
         (*HYDRA, *(name for name in HEAVY if name != "ray")),
     ),
-    # Slurm: the job a launcher runs in, its requeue, sbatch from a login node (as commands)
-    Rule("furcate_hydra/slurm", (*SHARED, "furcate_hydra.slurm"), (*HYDRA, *HEAVY)),
+    # Slurm: the job a launcher runs in, its requeue, a session's tags in it, sbatch from a
+    # login node (as commands)
+    Rule(
+        "furcate_hydra/slurm",
+        (*SHARED, "furcate_hydra.slurm", "furcate_hydra.store"),
+        (*HYDRA, *HEAVY),
+        exempt=(SLURM_SUBMIT,),
+    ),
+    # backend=slurm from the login node: the sweep's config read, then the Slurm core
+    Rule(
+        SLURM_SUBMIT,
+        (*SHARED, *LAUNCHER_OPTIONS, "furcate_hydra.slurm"),
+        HEAVY,
+    ),
     Rule("furcate_hydra/sweeping", (*SHARED, "furcate_hydra.sweeping"), (*HYDRA, *HEAVY)),
     Rule(
         "furcate_hydra/monitor",
@@ -77,37 +129,74 @@ RULES = (
         (*SHARED, ENV_VARS, "furcate_hydra.lightning", "furcate_hydra.tuning"),
         HYDRA,
     ),
-    # hydra.launcher.lightning=auto: light for the launcher's side; the Lightning layer only
-    # inside functions, once the job imported Lightning (test below)
-    Rule(
-        "furcate_hydra/lightning_auto",
-        (*SHARED, ENV_VARS, "furcate_hydra.lightning_auto", "furcate_hydra.lightning"),
-        (*HYDRA, *HEAVY),
-    ),
     # the furcate command: reads stores and sweep dirs, where the sweep's code need not run
     Rule(
         "furcate_hydra/cli",
         (*SHARED, "furcate_hydra.store", "furcate_hydra.cli"),
         (*HYDRA, "torch", "pytorch_lightning", "optuna"),
     ),
+    # Hydra's API as furcate reads it: below every Hydra-facing folder
+    Rule("furcate_hydra/hydra_api", (*SHARED, "furcate_hydra.hydra_api"), HEAVY),
+    # the launcher's side: every core folder, the record policy; never the job's library
     Rule(
-        "furcate_hydra/hydra_layer",
+        "furcate_hydra/launching",
+        (*SHARED, ENV_VARS, *CORE, *HYDRA_FACING),
+        ("torch", "pytorch_lightning", "ray"),
+    ),
+    # the record policy: the store, the execution's Job, Hydra's JobReturn
+    Rule(
+        "furcate_hydra/records",
         (
             *SHARED,
             ENV_VARS,
             "furcate_hydra.execution",
-            "furcate_hydra.monitor",
             "furcate_hydra.store",
-            "furcate_hydra.sweeping",
-            "furcate_hydra.tuning",
             "furcate_hydra.tracing",
-            "furcate_hydra.ray_backend",
-            "furcate_hydra.slurm",
-            "furcate_hydra.scheduling",
-            "furcate_hydra.hydra_layer",
-            "furcate_hydra.lightning_auto",
+            "furcate_hydra.hydra_api",
+            "furcate_hydra.records",
+            "furcate_hydra.job_process",
+            *LAUNCHER_OPTIONS,
+            "furcate_hydra.launching.job_dirs",
+            "furcate_hydra.launching.streaming",
         ),
         ("torch", "pytorch_lightning", "ray"),
+    ),
+    # what furcate's sweepers share: the launcher's streaming contract and composition
+    Rule(
+        "furcate_hydra/sweepers",
+        (
+            *SHARED,
+            ENV_VARS,
+            "furcate_hydra.hydra_api",
+            "furcate_hydra.sweepers",
+            "furcate_hydra.sweeping",
+            "furcate_hydra.store",
+            "furcate_hydra.tuning",
+            "furcate_hydra.launching",
+            "furcate_hydra.ray_backend.options",
+        ),
+        ("torch", "pytorch_lightning", "ray"),
+    ),
+    # the job's process: Hydra's run_job, the ranks' command line, lightning=auto
+    Rule(
+        "furcate_hydra/job_process",
+        (
+            *SHARED,
+            ENV_VARS,
+            "furcate_hydra.hydra_api",
+            "furcate_hydra.job_process",
+            "furcate_hydra.store",
+            "furcate_hydra.lightning",
+        ),
+        ("torch", "pytorch_lightning", "ray"),
+        exempt=(LIGHTNING_AUTO,),
+    ),
+    # hydra.launcher.lightning=auto: light for the launcher's side; the Lightning layer only
+    # inside functions, once the job imported Lightning (test below)
+    Rule(
+        LIGHTNING_AUTO,
+        (*SHARED, ENV_VARS, "furcate_hydra.job_process.lightning_auto", "furcate_hydra.lightning"),
+        (*HYDRA, *HEAVY),
     ),
 )
 PLUGINS = ("furcate_launcher", "furcate_sweeper", "furcate_optuna_sweeper")
@@ -115,7 +204,11 @@ PLUGINS = ("furcate_launcher", "furcate_sweeper", "furcate_optuna_sweeper")
 PLUGIN_MAY = (
     *SHARED,
     ENV_VARS,
-    "furcate_hydra.hydra_layer",
+    "furcate_hydra.hydra_api",
+    "furcate_hydra.launching",
+    "furcate_hydra.slurm.submit_sweep",
+    "furcate_hydra.sweepers",
+    "furcate_hydra.records",
     "furcate_hydra.store",
     "furcate_hydra.sweeping",
     "furcate_hydra.tuning",
@@ -138,12 +231,26 @@ def project(name: str) -> bool:
 
 
 def within(name: str, prefixes: tuple[str, ...]) -> bool:
-    return name == "furcate_hydra" or any(name == p or name.startswith(p + ".") for p in prefixes)
+    """``name`` is under an allowed prefix, or a package above one (importing ``a.b.c`` runs
+    ``a.b``'s ``__init__``, whose own imports are checked as its own loads)."""
+    return any(name == p or name.startswith(p + ".") or p.startswith(name + ".") for p in prefixes)
 
 
-def violations(folder: str, allowed: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+def sources(folder: str, exempt: tuple[str, ...] = ()) -> list[Path]:
+    """The modules a rule covers: a folder's (less those with a rule of their own), or one."""
+    where = REPO / folder
+    paths = [where] if where.suffix == ".py" else sorted(where.rglob("*.py"))
+    return [path for path in paths if str(path.relative_to(REPO)) not in exempt]
+
+
+def violations(
+    folder: str,
+    allowed: tuple[str, ...],
+    forbidden: tuple[str, ...],
+    exempt: tuple[str, ...] = (),
+) -> list[str]:
     found = []
-    for path in sorted((REPO / folder).rglob("*.py")):
+    for path in sources(folder, exempt):
         for name in imports(path):
             where = path.relative_to(REPO)
             if (project(name) and not within(name, allowed)) or name.split(".")[0] in forbidden:
@@ -153,7 +260,7 @@ def violations(folder: str, allowed: tuple[str, ...], forbidden: tuple[str, ...]
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.folder)
 def test_each_layer_imports_only_what_it_may(rule: Rule) -> None:
-    assert violations(rule.folder, rule.project, rule.forbidden) == []
+    assert violations(rule.folder, rule.project, rule.forbidden, rule.exempt) == []
 
 
 # -- through other modules: what importing a module loads ----------------------------------
@@ -192,8 +299,7 @@ def project_modules() -> dict[str, Path]:
     found = {}
     for root in ("furcate_hydra", "hydra_plugins"):
         for path in (REPO / root).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+            found[module_name(path)] = path
     return found
 
 
@@ -228,11 +334,17 @@ def reached(graph: dict[str, set[str]], start: str, allowed: tuple[str, ...]) ->
     return []
 
 
-def transitive_violations(folder: str, allowed: tuple[str, ...]) -> list[str]:
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def transitive_violations(
+    folder: str, allowed: tuple[str, ...], exempt: tuple[str, ...] = ()
+) -> list[str]:
     graph = load_graph()
-    package = folder.replace("/", ".")
     found = []
-    for module in sorted(m for m in graph if m == package or m.startswith(package + ".")):
+    for module in sorted(module_name(path) for path in sources(folder, exempt)):
         chain = reached(graph, module, allowed)
         if chain:
             found.append(" loads ".join(chain))
@@ -241,7 +353,7 @@ def transitive_violations(folder: str, allowed: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.folder)
 def test_no_layer_reaches_what_it_may_not_import_through_another(rule: Rule) -> None:
-    assert transitive_violations(rule.folder, rule.project) == []
+    assert transitive_violations(rule.folder, rule.project, rule.exempt) == []
 
 
 def test_the_transitive_check_finds_a_chain_of_loads() -> None:
@@ -250,15 +362,15 @@ def test_the_transitive_check_finds_a_chain_of_loads() -> None:
     assert reached(graph, "a.x", ("a", "b", "c")) == []
     # what the sweeper reached before it had its own door to the Ray backend's store checks
     real = load_graph()
-    assert "furcate_hydra.execution.local_pool" in real["furcate_hydra.hydra_layer.backends"]
-    chain = reached(real, "furcate_hydra.hydra_layer.backends", PLUGIN_MAY)
-    assert chain[0] == "furcate_hydra.hydra_layer.backends"
+    assert "furcate_hydra.execution.local_pool" in real["furcate_hydra.launching.backends"]
+    chain = reached(real, "furcate_hydra.launching.backends", PLUGIN_MAY)
+    assert chain[0] == "furcate_hydra.launching.backends"
     assert chain[-1].startswith(("furcate_hydra.execution", "furcate_hydra.ray_backend"))
 
 
 def test_lightning_auto_imports_the_lightning_layer_only_inside_functions() -> None:
     top_level = []
-    for path in sorted((REPO / "furcate_hydra/lightning_auto").rglob("*.py")):
+    for path in sources(LIGHTNING_AUTO):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
                 "furcate_hydra.lightning."
@@ -266,7 +378,7 @@ def test_lightning_auto_imports_the_lightning_layer_only_inside_functions() -> N
                 top_level.append(f"{path.name} imports {node.module}")
     assert top_level == []
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, furcate_hydra.lightning_auto as a; "
+        [sys.executable, "-c", "import sys, furcate_hydra.job_process.lightning_auto as a; "
          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
          f"{(*HEAVY, 'lightning')!r} or m.startswith('furcate_hydra.lightning.')))"],
         capture_output=True, text=True, check=True, cwd=REPO,
@@ -287,7 +399,7 @@ def test_the_shared_modules_import_no_layer_and_no_hydra() -> None:
 
 
 @pytest.mark.parametrize("plugin", PLUGINS)
-def test_a_plugin_uses_the_hydra_layer_not_another_plugin_nor_the_executor(plugin: str) -> None:
+def test_a_plugin_uses_the_shared_folders_not_another_plugin_nor_the_executor(plugin: str) -> None:
     allowed = (*PLUGIN_MAY, f"hydra_plugins.{plugin}")
     assert violations(f"hydra_plugins/{plugin}", allowed, ("torch", "pytorch_lightning")) == []
     # nor through the hydra layer: a sweeper runs with any launcher, and the launcher plugin

@@ -10,8 +10,8 @@ from hydra._internal.utils import create_config_search_path
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 
-from furcate_hydra.hydra_layer.command_line import given_overrides
-from furcate_hydra.hydra_layer.run_ledger import RunLedger
+from furcate_hydra.hydra_api.command_line import given_overrides
+from furcate_hydra.records.run_ledger import RunLedger
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 from tests.conftest import APPS
 

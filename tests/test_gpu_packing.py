@@ -16,7 +16,7 @@ from furcate_hydra.execution.gpu_throughput import READINGS
 from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import GpuStart, Slot, plan_slots
-from furcate_hydra.hydra_layer.backends import gpu_packing
+from furcate_hydra.launching.backends import gpu_packing
 
 
 def packing(

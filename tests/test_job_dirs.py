@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from furcate_hydra.hydra_layer.job_dirs import check_job_paths
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
+from furcate_hydra.launching.job_dirs import check_job_paths
 from tests.conftest import APPS, run_cli
 from tests.store_helpers import all_runs
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from hydra.core.utils import JobStatus
 
 from furcate_hydra.execution.executor import EventKind, JobEvent
-from furcate_hydra.hydra_layer.streaming import JobRequest
+from furcate_hydra.launching.streaming import JobRequest
 from tests.conftest import LaunchJobs
 
 

@@ -16,7 +16,7 @@ from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution.executor import EventKind, JobEvent
 from furcate_hydra.execution.forkserver.names import SERVER_NAME
 from furcate_hydra.execution.local_pool import LocalPool
-from furcate_hydra.hydra_layer.streaming import JobRequest
+from furcate_hydra.launching.streaming import JobRequest
 from furcate_hydra.store import Tags
 from tests.conftest import LaunchJobs
 from tests.process_helpers import (

@@ -15,7 +15,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.types import HydraContext, RunMode
 from omegaconf import OmegaConf
 
-from furcate_hydra.hydra_layer.compose import SweepComposer
+from furcate_hydra.launching.compose import SweepComposer
 from tests.conftest import APPS
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.backends import plan_for
+from furcate_hydra.launching.backends import plan_for
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.ray_backend.cluster import plan_ray_slots
 from furcate_hydra.ray_backend.options import RayOptions

@@ -11,7 +11,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
 from furcate_hydra.sweeping.exclusion import parse_exclusions
 from furcate_hydra.sweeping.rule_reach import Reach, unmatched_rules
 from furcate_hydra.tuning.pruners import pruner_from_spec

@@ -14,7 +14,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
 from furcate_hydra.layout import SweepPaths
 from hydra_plugins.furcate_optuna_sweeper._core import StudySweep
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url

@@ -292,7 +292,7 @@ def test_the_fork_server_imports_the_lightning_layer_once_for_every_job(
     # ~0.2 s a job otherwise (the handoff benchmark found it): the server imports it where
     # the launcher's process has the app's Lightning, or preload names it
     code = (
-        f"{imports}\nfrom furcate_hydra.lightning_auto import server_imports\n"
+        f"{imports}\nfrom furcate_hydra.job_process.lightning_auto import server_imports\n"
         f"print(server_imports({mode!r}, {preload!r}))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -306,7 +306,7 @@ def test_a_task_may_import_furcates_lightning_layer_before_any_lightning(first: 
     mid-import, and the Trainer is patched once the layer is whole (it failed with a circular
     import before)."""
     code = (
-        "from furcate_hydra.lightning_auto import install_for_job\n"
+        "from furcate_hydra.job_process.lightning_auto import install_for_job\n"
         "install_for_job()\n"
         f"import {first}\n"
         "import lightning.pytorch, pytorch_lightning\n"

@@ -11,7 +11,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from furcate_hydra.hydra_layer import hydra_private
+from furcate_hydra.hydra_api import private_names as hydra_private
 from furcate_hydra.tuning import optuna_private
 
 

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.slots import plan_slots
-from furcate_hydra.hydra_layer.backends import plan_for
+from furcate_hydra.launching.backends import plan_for
 from furcate_hydra.ray_backend.cluster import plan_ray_slots
 from furcate_hydra.ray_backend.options import RayOptions
 from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
@@ -157,8 +157,8 @@ def test_a_sqlite_store_on_a_cluster_stops_the_cli_before_any_job(
 def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
     tmp_path: Path,
 ) -> None:
-    from furcate_hydra.hydra_layer.options import OptionError
-    from furcate_hydra.hydra_layer.storage_proxy import sweeper_storage_proxy
+    from furcate_hydra.hydra_api.options import OptionError
+    from furcate_hydra.sweepers.storage_proxy import sweeper_storage_proxy
 
     key = "hydra.sweeper.storage"
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -170,8 +170,8 @@ def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
         13000,
     )
     # the local backend, a Ray instance of this machine, or an RDB server: opened as it is
-    from furcate_hydra.hydra_layer import storage_proxy
     from furcate_hydra.ray_backend.options import Backend
+    from furcate_hydra.sweepers import storage_proxy
 
     assert Backend.RAY.value == storage_proxy._RAY  # the door's spelling of the option
     assert sweeper_storage_proxy({"backend": "local"}, key, storage, None) is None
@@ -189,8 +189,8 @@ def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
 def test_a_served_study_without_a_head_to_route_to_asks_for_the_proxy_address(
     tmp_path: Path,
 ) -> None:
-    from furcate_hydra.hydra_layer.options import OptionError
-    from furcate_hydra.hydra_layer.storage_proxy import sweeper_storage_proxy
+    from furcate_hydra.hydra_api.options import OptionError
+    from furcate_hydra.sweepers.storage_proxy import sweeper_storage_proxy
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     launcher = {"backend": "ray", "ray": {"address": "auto"}}

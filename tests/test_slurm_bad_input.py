@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.slurm_session import SlurmSession
 from furcate_hydra.slurm import SlurmJob, SlurmOptions, allocation_cpus
+from furcate_hydra.slurm.session import SlurmSession
 from furcate_hydra.slurm.shared_disk import disk_of
 from tests.conftest import run_probe_sweep
 from tests.option_helpers import check_launcher_options

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
 from furcate_hydra.store import (
     Action,
     CodeChange,
@@ -228,7 +228,7 @@ def test_in_git_a_config_edit_is_no_code_change_and_a_code_edit_is(
 def test_the_config_dirs_are_those_hydra_composed_from_files_and_packages(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from furcate_hydra.hydra_layer.task_code import _config_dirs
+    from furcate_hydra.records.task_code import _config_dirs
 
     sources = [
         {"path": "tests", "schema": "pkg", "provider": "app"},

@@ -10,7 +10,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from furcate_hydra.hydra_layer.sweep_returns import SweepReturns
+from furcate_hydra.sweepers.sweep_returns import SweepReturns
 
 
 def job_return(

@@ -10,7 +10,7 @@ import pytest
 from hydra.core.utils import JobStatus
 from hydra.errors import CompactHydraException
 
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
 from furcate_hydra.store import RunStatus
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.option_helpers import parse_grid_sweeper_options

@@ -11,7 +11,7 @@ import pytest
 from hydra.errors import CompactHydraException
 from optuna.trial import TrialState
 
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
 from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from tests.conftest import RunStudy
 from tests.conftest import run_optuna_study as run_study

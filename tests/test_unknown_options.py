@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from hydra_plugins.furcate_sweeper.furcate_sweeper import FurcateSweeper

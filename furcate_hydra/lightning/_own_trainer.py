@@ -1,6 +1,6 @@
 """An app's own Trainer, in a furcate job, gets what ``fit`` gives (``lightning: auto``).
 
-    install(namespace), once per namespace the app imports (furcate_hydra.lightning_auto):
+    install(namespace), once per namespace the app imports (job_process.lightning_auto):
       MLFlowLogger(...)   ──► RunBound<its class>, built with the job's run and store
       Trainer(...)        ──► default_root_dir: the job dir unless the app set one;
                               + furcate's callbacks (JobTraining) the app has not listed;

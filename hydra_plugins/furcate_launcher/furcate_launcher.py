@@ -1,4 +1,4 @@
-"""The furcate launcher: Hydra's entry point; the work happens in ``furcate_hydra.hydra_layer``."""
+"""The furcate launcher: Hydra's entry point; the work happens in ``furcate_hydra.launching``."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 if TYPE_CHECKING:
-    from furcate_hydra.hydra_layer.compose import SweepComposer
-    from furcate_hydra.hydra_layer.launch_session import LaunchSession
-    from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
-    from furcate_hydra.hydra_layer.streaming import JobRequest, JobRun
+    from furcate_hydra.launching.compose import SweepComposer
+    from furcate_hydra.launching.launch_session import LaunchSession
+    from furcate_hydra.launching.launcher_options import LauncherOptions
+    from furcate_hydra.launching.streaming import JobRequest, JobRun
 
 
 class FurcateLauncher(Launcher):
@@ -40,8 +40,8 @@ class FurcateLauncher(Launcher):
     @staticmethod
     def parse_options(options: Mapping[str, Any]) -> LauncherOptions:
         """``hydra.launcher`` as typed options (missing keys at the config's defaults)."""
-        from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
-        from furcate_hydra.hydra_layer.options import with_defaults
+        from furcate_hydra.hydra_api.options import with_defaults
+        from furcate_hydra.launching.launcher_options import LauncherOptions
         from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
 
         options = with_defaults(FurcateLauncherConf, options, "hydra/launcher=furcate")
@@ -54,7 +54,7 @@ class FurcateLauncher(Launcher):
         # the app with a plain message before anything starts.
         self.options = self.parse_options(self.raw_options)
         if self.options.backend.value == "slurm":  # the login node: allocations run it all
-            from furcate_hydra.hydra_layer.slurm_submit import submit_sweep
+            from furcate_hydra.slurm.submit_sweep import submit_sweep
 
             submit_sweep(self.options, config)
         self.hydra_context = hydra_context
@@ -64,7 +64,7 @@ class FurcateLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from furcate_hydra.hydra_layer.launch import check_batch_paths, launch
+        from furcate_hydra.launching.launch import check_batch_paths, launch
 
         # before the pool starts: a batch refused for where it writes costs no warm-up
         sweep_dir = str(self._setup()[-1].hydra.sweep.dir)
@@ -120,7 +120,7 @@ class FurcateLauncher(Launcher):
     def composer(self) -> SweepComposer:
         """What composes the jobs' configs, the session's and the checks' before it."""
         if self._composer is None:
-            from furcate_hydra.hydra_layer.compose import SweepComposer
+            from furcate_hydra.launching.compose import SweepComposer
 
             _, hydra_context, _, config = self._setup()
             self._composer = SweepComposer(hydra_context, config)
@@ -129,7 +129,7 @@ class FurcateLauncher(Launcher):
     def session(self) -> LaunchSession:
         """The warm pool, started on first use and stopped when the launcher goes away."""
         if self._session is None:
-            from furcate_hydra.hydra_layer.launch_session import LaunchSession
+            from furcate_hydra.launching.launch_session import LaunchSession
 
             self._session = LaunchSession.start(*self._setup(), self.composer())
             # Also at interpreter exit; the fork server stops its jobs if we vanish without it.

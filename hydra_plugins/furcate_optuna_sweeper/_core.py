@@ -28,17 +28,17 @@ from optuna.trial import TrialState
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.exclusion_filter import (
+from furcate_hydra.hydra_api.options import OptionError, as_option_error, plain
+from furcate_hydra.launching.streaming import JobRequest, StreamingLauncher, as_streaming
+from furcate_hydra.layout import SweepPaths
+from furcate_hydra.sweepers.exclusion_filter import (
     GridFilter,
     refuse_wrong_types,
     unmatched_warning,
 )
-from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
-from furcate_hydra.hydra_layer.storage_proxy import sweeper_storage_proxy
-from furcate_hydra.hydra_layer.streaming import JobRequest, StreamingLauncher, as_streaming
-from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
-from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
-from furcate_hydra.layout import SweepPaths
+from furcate_hydra.sweepers.storage_proxy import sweeper_storage_proxy
+from furcate_hydra.sweepers.sweep_returns import ReturnBatch, SweepReturns
+from furcate_hydra.sweepers.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.sweeping.rule_reach import Domain, unmatched_rules
 from furcate_hydra.tuning.optuna_private import storage_of, trial_id
 from hydra_plugins.furcate_optuna_sweeper._all_failed import FailedTrial, every_trial_failed

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from furcate_hydra.hydra_layer.options import OptionError, plain
+from furcate_hydra.hydra_api.options import OptionError, plain
 from hydra_plugins.furcate_optuna_sweeper._space import override_line, stepped_distribution
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from omegaconf import MISSING, DictConfig
 
 from furcate_hydra.addresses import HostPort, StoreAddress
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.grid import SweepSpec
-from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
+from furcate_hydra.hydra_api.options import OptionError, as_option_error, plain
+from furcate_hydra.sweepers.grid import SweepSpec
 from furcate_hydra.sweeping.exclusion import ExclusionRule
 from hydra_plugins.furcate_optuna_sweeper.config import PRUNER_CONFS
 

@@ -11,7 +11,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from optuna.trial import TrialState
 
-from furcate_hydra.hydra_layer.hydra_private import returned
+from furcate_hydra.hydra_api.private_names import returned
 
 __all__ = ["TrialOutcome", "TrialValueError", "read_outcome"]
 

@@ -36,8 +36,8 @@ from hydra.core.override_parser.types import (
     Transformer,
 )
 
-from furcate_hydra.hydra_layer.grid import parse_sweep_overrides
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
+from furcate_hydra.sweepers.grid import parse_sweep_overrides
 from furcate_hydra.sweeping.rule_reach import Domain, NumberRange, Values
 
 if TYPE_CHECKING:

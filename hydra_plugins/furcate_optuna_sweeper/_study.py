@@ -117,7 +117,7 @@ def open_study(
     ``metric_names`` name the study's values once (see ``name_objectives``). A damaged sqlite
     file is refused before Optuna opens (and writes into) it.
     """
-    from furcate_hydra.hydra_layer.options import OptionError, as_option_error
+    from furcate_hydra.hydra_api.options import OptionError, as_option_error
 
     try:
         check_sqlite_storage(storage_url, "hydra.sweeper.storage")

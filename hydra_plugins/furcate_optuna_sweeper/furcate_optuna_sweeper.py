@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from furcate_hydra.hydra_layer.sweeper_base import SweepContext, SweeperBase
+from furcate_hydra.sweepers.sweeper_base import SweepContext, SweeperBase
 
 if TYPE_CHECKING:
-    from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch
+    from furcate_hydra.sweepers.sweep_returns import ReturnBatch
     from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
 
 
@@ -22,7 +22,7 @@ class FurcateOptunaSweeper(SweeperBase["OptunaOptions"]):
 
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> OptunaOptions:
-        from furcate_hydra.hydra_layer.options import with_defaults
+        from furcate_hydra.hydra_api.options import with_defaults
         from hydra_plugins.furcate_optuna_sweeper._options import OptunaOptions
         from hydra_plugins.furcate_optuna_sweeper.config import FurcateOptunaSweeperConf
 

@@ -23,17 +23,17 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
-from furcate_hydra.hydra_layer.exclusion_filter import FilteredGrid, GridFilter
-from furcate_hydra.hydra_layer.grid import COMPOSE_ERRORS, SweepSpec, expand_grid, first_line
-from furcate_hydra.hydra_layer.options import OptionError
-from furcate_hydra.hydra_layer.streaming import (
+from furcate_hydra.hydra_api.options import OptionError
+from furcate_hydra.launching.streaming import (
     LOOKUP_CHUNK,
     JobRequest,
     StreamingLauncher,
     as_streaming,
 )
-from furcate_hydra.hydra_layer.sweep_returns import ReturnBatch, SweepReturns
-from furcate_hydra.hydra_layer.sweeper_base import SweepContext, save_multirun_config
+from furcate_hydra.sweepers.exclusion_filter import FilteredGrid, GridFilter
+from furcate_hydra.sweepers.grid import COMPOSE_ERRORS, SweepSpec, expand_grid, first_line
+from furcate_hydra.sweepers.sweep_returns import ReturnBatch, SweepReturns
+from furcate_hydra.sweepers.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.sweeping.sweep_queue import SweepQueue
 from hydra_plugins.furcate_sweeper._live import LiveConfig, primary_config_file
 

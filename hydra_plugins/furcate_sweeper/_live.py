@@ -14,7 +14,7 @@ from typing import Any
 from hydra.types import HydraContext, RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from furcate_hydra.hydra_layer.command_line import given_overrides
+from furcate_hydra.hydra_api.command_line import given_overrides
 from furcate_hydra.sweeping.file_watch import FileWatcher
 
 __all__ = ["LiveConfig", "primary_config_file"]

@@ -17,9 +17,9 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from furcate_hydra.hydra_layer.hydra_private import Callbacks, returned
-from furcate_hydra.hydra_layer.rank_processes import prepare_for_ranks
-from furcate_hydra.lightning_auto import install_for_job
+from furcate_hydra.hydra_api.private_names import Callbacks, returned
+from furcate_hydra.job_process.lightning_auto import install_for_job
+from furcate_hydra.job_process.rank_processes import prepare_for_ranks
 from furcate_hydra.store import database_opened
 
 __all__ = [

@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra.addresses import StoreAddress
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
-from furcate_hydra.hydra_layer.options import as_option_error
+from furcate_hydra.hydra_api.options import as_option_error
+from furcate_hydra.launching.launcher_options import LauncherOptions
 from furcate_hydra.slurm.shared_disk import cluster_nodes, disk_of, shared_with_nodes
 from furcate_hydra.slurm.submit import ArrayState, Submission, command_of, follow, submit
 from furcate_hydra.store import resolve_tracking_uri

@@ -23,7 +23,7 @@ from typing import Any, overload
 import cloudpickle
 from hydra.core.utils import JobReturn, JobStatus
 
-from furcate_hydra.hydra_layer.hydra_private import returned
+from furcate_hydra.hydra_api.private_names import returned
 
 __all__ = ["ReturnBatch", "SweepReturns"]
 

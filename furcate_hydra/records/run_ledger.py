@@ -31,12 +31,12 @@ from omegaconf import DictConfig, OmegaConf
 from furcate_hydra import env_vars
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.job import Job, JobState
-from furcate_hydra.hydra_layer.command_line import given_overrides
-from furcate_hydra.hydra_layer.hydra_private import returned
-from furcate_hydra.hydra_layer.job_returns import synthetic_job_return
-from furcate_hydra.hydra_layer.launcher_options import StoreOptions
-from furcate_hydra.hydra_layer.streaming import JobRun
+from furcate_hydra.hydra_api.command_line import given_overrides
+from furcate_hydra.hydra_api.private_names import returned
+from furcate_hydra.launching.launcher_options import StoreOptions
+from furcate_hydra.launching.streaming import JobRun
 from furcate_hydra.layout import JobPaths, SweepPaths
+from furcate_hydra.records.job_returns import synthetic_job_return
 from furcate_hydra.store import (
     Action,
     Claim,

@@ -13,8 +13,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from furcate_hydra.errors import JobCrashedError
 from furcate_hydra.execution.job import Job, JobState
-from furcate_hydra.hydra_layer.hydra_private import returned
-from furcate_hydra.hydra_layer.job_context import JobOutcome, RemoteTraceback
+from furcate_hydra.hydra_api.private_names import returned
+from furcate_hydra.job_process.job_context import JobOutcome, RemoteTraceback
 
 __all__ = ["error_text", "how_it_ended", "synthetic_job_return", "to_job_return"]
 

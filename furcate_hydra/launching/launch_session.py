@@ -30,34 +30,28 @@ from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.executor import EventKind, JobEvent
 from furcate_hydra.execution.job import Job
-from furcate_hydra.hydra_layer.backends import gpu_packing, plan_for, start_executor
-from furcate_hydra.hydra_layer.compose import SweepComposer
-from furcate_hydra.hydra_layer.job_context import (
+from furcate_hydra.hydra_api.options import as_option_error
+from furcate_hydra.hydra_api.task_config import as_job, task_container
+from furcate_hydra.job_process.job_context import (
     HydraJobContext,
     context_blob,
     fork_context,
     job_payload,
 )
-from furcate_hydra.hydra_layer.job_dirs import check_job_name, check_job_paths, job_output_dir
-from furcate_hydra.hydra_layer.job_returns import error_text, how_it_ended, to_job_return
-from furcate_hydra.hydra_layer.launch import (
-    job_config,
-    job_label,
-    job_name,
-    log_interrupted,
-    log_stream_counts,
-)
-from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
-from furcate_hydra.hydra_layer.options import as_option_error
-from furcate_hydra.hydra_layer.rank_processes import launch_env
-from furcate_hydra.hydra_layer.run_ledger import RunLedger
-from furcate_hydra.hydra_layer.session_view import SessionView
-from furcate_hydra.hydra_layer.slurm_session import SlurmSession
-from furcate_hydra.hydra_layer.streaming import JobRequest, JobRun
-from furcate_hydra.hydra_layer.task_code import task_code_version
-from furcate_hydra.hydra_layer.task_config import as_job, task_container
+from furcate_hydra.job_process.rank_processes import launch_env
+from furcate_hydra.launching.backends import gpu_packing, plan_for, start_executor
+from furcate_hydra.launching.compose import SweepComposer
+from furcate_hydra.launching.job_dirs import check_job_name, check_job_paths, job_output_dir
+from furcate_hydra.launching.launcher_options import LauncherOptions
+from furcate_hydra.launching.requested_jobs import job_config, job_label, job_name
+from furcate_hydra.launching.session_view import SessionView, log_interrupted, log_stream_counts
+from furcate_hydra.launching.streaming import JobRequest, JobRun
 from furcate_hydra.layout import JobPaths
+from furcate_hydra.records.job_returns import error_text, how_it_ended, to_job_return
+from furcate_hydra.records.run_ledger import RunLedger
+from furcate_hydra.records.task_code import task_code_version
 from furcate_hydra.scheduling import Scheduler
+from furcate_hydra.slurm.session import SlurmSession
 from furcate_hydra.store.trace_log import TraceLog
 from furcate_hydra.tracing import ResourceTracer, TracePeaks
 from furcate_hydra.tracing.packing_watch import PackingWatch

@@ -20,7 +20,7 @@ from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import GpuStart, SlotPlan, core_blocks, plan_slots
-from furcate_hydra.hydra_layer.launcher_options import LauncherOptions
+from furcate_hydra.launching.launcher_options import LauncherOptions
 from furcate_hydra.ray_backend.options import Backend, check_store_reachable
 from furcate_hydra.store import resolve_tracking_uri
 

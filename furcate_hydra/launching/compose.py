@@ -22,7 +22,7 @@ from hydra.plugins.config_source import ConfigLoadError
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from furcate_hydra.hydra_layer.hydra_private import apply_overrides, get_overrides_dirname
+from furcate_hydra.hydra_api.private_names import apply_overrides, get_overrides_dirname
 
 __all__ = ["SweepComposer"]
 

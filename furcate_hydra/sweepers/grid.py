@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.options import OptionError, as_option_error, plain
+from furcate_hydra.hydra_api.options import OptionError, as_option_error, plain
 from furcate_hydra.sweeping.exclusion import ExclusionRule, parse_exclusions
 
 __all__ = ["COMPOSE_ERRORS", "SweepSpec", "expand_grid", "first_line", "parse_sweep_overrides"]

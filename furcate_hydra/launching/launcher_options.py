@@ -19,8 +19,8 @@ from furcate_hydra.execution.mps import check_mps_mode
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_options import AUTO as AUTO_JOBS
 from furcate_hydra.execution.slot_options import SlotOptions
-from furcate_hydra.hydra_layer.options import as_option_error, plain
-from furcate_hydra.lightning_auto import AUTO, MODES, server_imports
+from furcate_hydra.hydra_api.options import as_option_error, plain
+from furcate_hydra.job_process.lightning_auto import AUTO, MODES, server_imports
 from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.ray_backend.options import Backend, RayOptions
 from furcate_hydra.slurm.options import SlurmOptions

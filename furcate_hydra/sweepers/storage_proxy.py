@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.hydra_layer.options import as_option_error
+from furcate_hydra.hydra_api.options import as_option_error
 
 __all__ = ["sweeper_storage_proxy"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from furcate_hydra.hydra_layer.options import OptionError
+from furcate_hydra.hydra_api.options import OptionError
 
 __all__ = ["check_job_name", "check_job_paths", "job_output_dir"]
 

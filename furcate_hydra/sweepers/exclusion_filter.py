@@ -20,10 +20,10 @@ from typing import Any
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from furcate_hydra.hydra_layer.compose import SweepComposer
-from furcate_hydra.hydra_layer.job_dirs import check_job_paths
-from furcate_hydra.hydra_layer.options import OptionError, plain
-from furcate_hydra.hydra_layer.task_config import as_job
+from furcate_hydra.hydra_api.options import OptionError, plain
+from furcate_hydra.hydra_api.task_config import as_job
+from furcate_hydra.launching.compose import SweepComposer
+from furcate_hydra.launching.job_dirs import check_job_paths
 from furcate_hydra.sweeping.exclusion import ABSENT, ConfigView, ExclusionRule, unknown_keys
 from furcate_hydra.sweeping.rule_reach import Reach, UnmatchedRule, Values, unmatched_rules
 

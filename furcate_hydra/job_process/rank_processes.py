@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra import env_vars
-from furcate_hydra.lightning_auto import install_for_job
+from furcate_hydra.job_process.lightning_auto import install_for_job
 
 __all__ = ["RankStart", "launch_env", "prepare_for_ranks", "rank_overrides"]
 

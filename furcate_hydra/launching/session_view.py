@@ -9,28 +9,34 @@ stream's end ──► the summary on the console and as summary.md in the sweep
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn, JobStatus
 
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job
-from furcate_hydra.hydra_layer.job_returns import error_text, how_it_ended
-from furcate_hydra.hydra_layer.launch import task_overrides
-from furcate_hydra.hydra_layer.launcher_options import ProgressOptions
+from furcate_hydra.launching.launcher_options import ProgressOptions
+from furcate_hydra.launching.requested_jobs import task_overrides
 from furcate_hydra.layout import JobPaths, SweepPaths
 from furcate_hydra.monitor.summary import SweepSummary, Unfinished
 from furcate_hydra.monitor.tally import SweepTally
 from furcate_hydra.monitor.views import make_view
 from furcate_hydra.reasons import one_line_reason, pruned_reason
+from furcate_hydra.records.job_returns import error_text, how_it_ended
 from furcate_hydra.store.gpu_packing_file import write_packing
 from furcate_hydra.store.run_data import JobRow
 from furcate_hydra.tracing import TracePeaks
 
+if TYPE_CHECKING:
+    from furcate_hydra.scheduling import StreamCounts
+    from furcate_hydra.store import CodeVersion
+
 log = logging.getLogger(__name__)
 
-__all__ = ["SessionView"]
+__all__ = ["SessionView", "log_interrupted", "log_stream_counts"]
 
 
 class SessionView:
@@ -131,3 +137,39 @@ class SessionView:
             log.info(self.summary.text(snap.elapsed_s, snap.best))
         text = self.summary.markdown(snap.elapsed_s, snap.best).encode()
         atomic_write_bytes(self._summary_file, text, durable=False)
+
+
+def log_stream_counts(counts: StreamCounts, code: CodeVersion | None) -> None:
+    """The closing lines of a stream: what ran elsewhere, what was skipped, and why."""
+    if counts.ran_elsewhere:
+        log.info(
+            "furcate: %d of %d configs ran in other launchers (their MLflow runs are the record)",
+            counts.ran_elsewhere,
+            counts.submitted,
+        )
+    if counts.skipped:
+        log.info(
+            "furcate: skipped %d of %d configs already recorded in MLflow",
+            counts.skipped,
+            counts.submitted,
+        )
+    if counts.skipped_other_code:
+        log.warning(
+            "furcate: %d of the %d skipped configs were finished by other code than this "
+            "sweep's (%s); set hydra.launcher.code_change=rerun to run them again",
+            counts.skipped_other_code,
+            counts.skipped,
+            code.key if code is not None else "unknown",
+        )
+
+
+def log_interrupted(signum: int, stopped: int, sweep_dir: object) -> None:
+    """What a Ctrl-C or SIGTERM stopped, and how to resume."""
+    log.warning(
+        "furcate: interrupted (%s): %d job%s stopped and recorded as KILLED, the "
+        "sweep's records written to %s; run the same command to resume",
+        signal.Signals(signum).name,
+        stopped,
+        "" if stopped == 1 else "s",
+        sweep_dir,
+    )
