@@ -9,30 +9,27 @@
     wait_any() ◄── done ◄── ENDED: COMPLETED, FAILED, CRASHED, CANCELLED, PREEMPTED, LOST
 
 The pool owns the queue, the jobs held by the transport, the cancelled keys, the broken
-state, the retry / preemption / crash / out-of-memory policy (``GpuPacking`` judges the
-last), progress polling and the events; a transport
-(``execution.transport``) only places jobs on slots and reports what became of them. Keeps the
-``Executor`` contract (``execution.executor``). Nothing here imports Hydra.
+state, progress polling and the events; what an ended job becomes (the retry / preemption /
+crash / out-of-memory policy) is ``execution.end_policy``'s to decide, and the pool's to
+apply. A transport (``execution.transport``) only places jobs on slots and reports what
+became of them. Keeps the ``Executor`` contract (``execution.executor``). Nothing here
+imports Hydra.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
-import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution import interrupts
+from furcate_hydra.execution.end_policy import EndPolicy, QueueAgain
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
-from furcate_hydra.execution.exits import describe_wait_status
-from furcate_hydra.execution.forkserver.protocol import ChildReport
 from furcate_hydra.execution.gpu_packing import GpuPacking
 from furcate_hydra.execution.job import Job, JobState
-from furcate_hydra.execution.out_of_memory import cuda_out_of_memory, stderr_size
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.transport import (
     Broken,
@@ -43,7 +40,6 @@ from furcate_hydra.execution.transport import (
     Transport,
     TransportBroken,
 )
-from furcate_hydra.preemption import PREEMPTION_SIGNALS
 from furcate_hydra.progress import JobProgress, read_progress
 
 __all__ = ["JobPool"]
@@ -68,7 +64,7 @@ class JobPool:
         asks it too); a job that ran out of GPU memory is its to judge."""
         self.options = options
         self.packing = packing
-        self._stderr_from: dict[str, int] = {}  # packed jobs: where their attempt's stderr starts
+        self._policy = EndPolicy(options, packing)  # what an ended job becomes
         self._transport = transport
         self._queue: collections.deque[Job] = collections.deque()
         self._held: dict[str, Job] = {}  # placed: on a slot, or ahead of one
@@ -240,8 +236,7 @@ class JobPool:
                 # of an attempt that crashed or was preempted, if this is another
                 job.pid = job.started_at = job.ended_at = None
                 job.paths.output_dir.mkdir(parents=True, exist_ok=True)
-                if self.packing is not None:
-                    self._stderr_from[job.key] = stderr_size(job.paths.stderr)
+                self._policy.placing(job)
                 self._held[job.key] = job
                 placed = self._transport.place(job)
             except TransportBroken as exc:
@@ -291,96 +286,16 @@ class JobPool:
         self._started.discard(job.key)
         if ended.ended_at is not None:
             job.ended_at = ended.ended_at
-        report = ended.report
-        if job.key in self._cancelled:
-            # the pool's own SIGTERM, though the job may have saved and said "preempted"
-            self._cancelled.discard(job.key)
-            if job.started_at is None:  # stopped before its process ran it
-                self._finish(job, JobState.CANCELLED, error="cancelled before it started")
-            else:
-                self._finish(job, JobState.CANCELLED, error="stopped by the launcher")
-        elif ended.start_error is not None:
-            self._finish(job, JobState.FAILED, error=ended.start_error)
-        elif ended.died is not None:
-            self._crashed(job, ended.died)
-        elif (why := _preempted(report, ended.wait_status)) is not None:
-            self._on_preempted(job, why)
-        elif (oom := self._out_of_memory(job, report)) is not None:
-            self._on_out_of_memory(job, *oom)
-        elif report is not None and report.error is None:
-            self._finish(job, JobState.COMPLETED, value=report.value)
-        elif report is not None:
-            self._finish(job, JobState.FAILED, error=f"{report.error}\n{job.paths.see_logs()}")
+        cancelled = job.key in self._cancelled
+        self._cancelled.discard(job.key)
+        outcome = self._policy.outcome(job, ended, cancelled, may_retry=self._broken is None)
+        if isinstance(outcome, QueueAgain):
+            self._queue_again(job, outcome.kind, outcome.why)
+        elif outcome.state is JobState.COMPLETED:
+            self._finish(job, outcome.state, value=outcome.value)
         else:
-            why = "the job's process ended without a result"
-            if ended.wait_status is not None:
-                why = describe_wait_status(ended.wait_status)
-            self._crashed(job, why if ended.where is None else f"{why} (on {ended.where})")
-        if self.packing is not None:
-            self._stderr_from.pop(job.key, None)
-            self.packing.ended(job.key, report.gpu_peak_bytes if report is not None else None)
-
-    def _out_of_memory(self, job: Job, report: ChildReport | None) -> tuple[str, bool] | None:
-        """For a packed GPU job that did not complete: what said it ran out of GPU memory,
-        and whether to queue it again (else it fails)."""
-        if self.packing is None or job.slot is None or job.slot.device is None:
-            return None
-        error = None if report is None else report.error or report.failure
-        if report is not None and error is None and report.exit_code is None:
-            return None  # it completed
-        since = self._stderr_from.get(job.key, 0)
-        line = cuda_out_of_memory(error, job.paths.stderr, since)
-        if line is None:
-            return None
-        verdict = self.packing.out_of_memory(job.key)
-        return f"{verdict.why} ({line})", verdict.queue_again
-
-    def _on_out_of_memory(self, job: Job, why: str, queue_again: bool) -> None:
-        """Not a failure where the GPU was shared: the job goes first in the queue again,
-        without using a retry; alone on its GPU, it fails with that reason."""
-        if not queue_again:
-            self._finish(job, JobState.FAILED, error=f"{why}\n{job.paths.see_logs()}")
-            return
-        job.memory_retries += 1
-        log.warning("Job %s %s; queued again", job.label or job.key, why)
-        self._queue_again(job, EventKind.RETRYING, why)
-
-    def _crashed(self, job: Job, why: str) -> None:
-        """Retry the job if it has retries left (and the pool still runs), else CRASHED."""
-        retries = job.attempts - job.preemptions - job.memory_retries
-        if self._broken is None and retries <= self.options.max_retries:
-            log.warning(
-                "Job %s crashed (%s); retry %d of %d",
-                job.label or job.key,
-                why,
-                retries,
-                self.options.max_retries,
-            )
-            self._queue_again(job, EventKind.RETRYING, why)
-        else:
-            self._finish(job, JobState.CRASHED, error=f"{why}\n{job.paths.see_logs()}")
-
-    def _on_preempted(self, job: Job, why: str) -> None:
-        """Queue a preempted job again, or, past the limit, hand it back PREEMPTED; it resumes
-        from the checkpoint it saved, in its run."""
-        job.preemptions += 1
-        limit = self.options.max_preemptions
-        if job.preemptions > limit:
-            error = (
-                f"preempted {job.preemptions} times, more than hydra.launcher.max_preemptions="
-                f"{limit} allows (the last time: {why}); run the same command to resume it"
-                f"\n{job.paths.see_logs()}"
-            )
-            self._finish(job, JobState.PREEMPTED, error=error)
-            return
-        log.warning(
-            "Job %s %s; queued again to resume (preemption %d of %d)",
-            job.label or job.key,
-            why,
-            job.preemptions,
-            limit,
-        )
-        self._queue_again(job, EventKind.PREEMPTED, why)
+            self._finish(job, outcome.state, error=outcome.error)
+        self._policy.ended(job, ended.report)
 
     def _queue_again(self, job: Job, kind: EventKind, why: str) -> None:
         """A retried or preempted job goes back first in the queue (it ran before any queued
@@ -428,19 +343,3 @@ class JobPool:
         event = JobEvent(kind, job, detail, progress)
         for listener in self._listeners:
             listener(event)
-
-
-def _preempted(report: ChildReport | None, wait_status: int | None) -> str | None:
-    """What preempted a job, in words, or None: it raised JobPreempted (having saved), or a
-    preemption signal killed it (a task that does not train through ``fit``)."""
-    if report is not None:
-        return report.preempted
-    if wait_status is not None and os.WIFSIGNALED(wait_status):
-        signum = os.WTERMSIG(wait_status)
-        if signum in PREEMPTION_SIGNALS:
-            name = signal.Signals(signum).name
-            return (
-                f"preempted by {name} (its process ended by it; it resumes from its last "
-                "checkpoint)"
-            )
-    return None
