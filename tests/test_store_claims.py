@@ -126,14 +126,14 @@ def test_claims_looking_at_the_same_time_leave_one_winner(
     """Both claims are written before either looks: the earlier one waits for the other to
     see it and withdraw, then wins."""
     first, second = stores
-    claims = [first._write_claim(request()), second._write_claim(request())]
+    claims = [first.claims.write(request()), second.claims.write(request())]
     earlier = min(range(2), key=lambda i: (claims[i].run.start_time_ms, claims[i].run.run_id))
     pair = (first, second)
-    settle = threading.Thread(target=pair[earlier]._settle, args=([claims[earlier]],))
+    settle = threading.Thread(target=pair[earlier].claims.settle, args=([claims[earlier]],))
     settle.start()
     time.sleep(0.2)  # the earlier claim has looked and waits
     assert settle.is_alive()
-    pair[1 - earlier]._settle([claims[1 - earlier]])
+    pair[1 - earlier].claims.settle([claims[1 - earlier]])
     settle.join(timeout=10)
     assert not settle.is_alive()
     winner, loser = claims[earlier], claims[1 - earlier]
@@ -151,11 +151,11 @@ def test_a_late_claim_with_an_earlier_clock_cannot_win_too(
     first, second = stores
     (won,) = first.claim([request()])
     assert won.won and won.opened is None  # won, not yet marked
-    tags = second._job_tags({Tags.FINGERPRINT: "fp"})
+    tags = second.job_run_tags({Tags.FINGERPRINT: "fp"})
     early = won.run.start_time_ms - 60_000
     run = second.client.create_run(second.experiment_id, start_time=early, tags=tags)
     late = Claim(request(), RunRecord(run.info.run_id, "fp", RunStatus.RUNNING, early, tags))
-    settle = threading.Thread(target=second._settle, args=([late],))
+    settle = threading.Thread(target=second.claims.settle, args=([late],))
     settle.start()
     time.sleep(0.2)
     assert settle.is_alive(), "the earlier-clocked claim must wait for the one it saw"
@@ -193,14 +193,14 @@ def test_a_resume_is_claimed_by_a_stand_in_and_one_launcher_reopens_the_run(
     interrupted = first.client.create_run(first.experiment_id, tags=tags).info.run_id
     decisions = [s.decide(["fp"], Rerun.FAILED)["fp"] for s in stores]
     assert [d.action for d in decisions] == [Action.RESUME, Action.RESUME]
-    one = first._write_claim(request(resumes=decisions[0].record))
-    two = second._write_claim(request(resumes=decisions[1].record))
+    one = first.claims.write(request(resumes=decisions[0].record))
+    two = second.claims.write(request(resumes=decisions[1].record))
     assert one.run.run_id != interrupted and one.run.tags[Tags.ROLE] == "claim"
     earlier, later = sorted([(first, one), (second, two)], key=lambda p: p[1].run.start_time_ms)
-    settle = threading.Thread(target=earlier[0]._settle, args=([earlier[1]],))
+    settle = threading.Thread(target=earlier[0].claims.settle, args=([earlier[1]],))
     settle.start()
     time.sleep(0.2)
-    later[0]._settle([later[1]])
+    later[0].claims.settle([later[1]])
     settle.join(timeout=10)
     assert earlier[1].won and later[1].holder is not None
     assert earlier[0].confirm(earlier[1]) == interrupted

@@ -7,6 +7,7 @@
     claim(requests)    ──► a RUNNING run per config to run, one lookup of rivals (claims.py)
     confirm(claim)     ──► params + "won": the job's run (new, or the resumed one) ──► the job
                            logs into it; a lost claim's run is deleted, the config waited for
+                           (the claim protocol is claims.py's ConfigClaims: ``RunStore.claims``)
     follow(runs)       ──► one lookup: what became of configs other launchers hold
     finish_job_run()   ──► FINISHED / FAILED / KILLED + return value + artifacts
     finish_sweep()     ──► parent run's final status
@@ -19,7 +20,6 @@ from __future__ import annotations
 import logging
 import pickle
 import sqlite3
-import sys
 import tempfile
 import threading
 import time
@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
-from furcate_hydra.store.claims import WON, Claim, ClaimRequest, Verdict, judge
+from furcate_hydra.store.claims import Claim, ClaimRequest, ConfigClaims
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import Gone, LauncherIdentity, launcher_gone, liveness
 from furcate_hydra.store.lookup import find_runs, runs_by_id
+from furcate_hydra.store.opened_in_process import note_store_opened
 from furcate_hydra.store.run_record import (
     RETURN_VALUE_ARTIFACT,
     RunRecord,
@@ -43,7 +44,7 @@ from furcate_hydra.store.run_record import (
 from furcate_hydra.store.store_index import index_sqlite_store
 from furcate_hydra.store.tracking_uri import TrackingUri, check_tracking_uri, creating_store
 
-__all__ = ["EXPERIMENT_KIND", "MODEL_TRAINING", "RunStore", "database_opened"]
+__all__ = ["EXPERIMENT_KIND", "MODEL_TRAINING", "RunStore"]
 
 log = logging.getLogger(__name__)
 
@@ -53,48 +54,6 @@ log = logging.getLogger(__name__)
 # logs sets (see experiment_link).
 EXPERIMENT_KIND = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
-# A claim waits this long between looks for the rivals it saw to withdraw (they do at once).
-CLAIM_LOOK_S = 0.05
-# ... and at most this long in all; then it withdraws itself (always safe; see claims.py).
-CLAIM_PATIENCE_S = 30.0
-
-
-# Whether a RunStore, or a sweeper, opened an MLflow client in this process (database_opened).
-_opened = False
-# Where MLflow caches the stores it has opened (in the versions furcate has met), by module.
-_MLFLOW_STORE_CACHES = (
-    ("mlflow.tracking._tracking_service.utils", "_get_sqlalchemy_store"),
-    (
-        "mlflow.tracking._tracking_service.registry",
-        "TrackingStoreRegistry._get_store_with_resolved_uri",
-    ),
-)
-
-
-def database_opened() -> bool:
-    """Whether this process has opened an MLflow store: by a launcher before (a RunStore), by
-    a sweeper (``note_store_opened``), or by other code (MLflow keeps its stores, with their
-    open connections, in a cache).
-
-    A fork of this process must then not be the fork server: its jobs would find the cached
-    store and use connections the launcher uses too, which sqlite forbids across a fork.
-    """
-    if _opened:
-        return True
-    for module, path in _MLFLOW_STORE_CACHES:
-        cached: object = sys.modules.get(module)
-        for name in path.split("."):
-            cached = getattr(cached, name, None)
-        info = getattr(cached, "cache_info", None)
-        if info is not None and info().currsize:
-            return True
-    return False
-
-
-def note_store_opened() -> None:
-    """This process has an MLflow client on a store open (see ``database_opened``)."""
-    global _opened
-    _opened = True
 
 
 class RunStore:
@@ -123,8 +82,7 @@ class RunStore:
             check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
         self._sqlite_path = tracking.sqlite_path
-        global _opened
-        _opened = True
+        note_store_opened()
         with creating_store(tracking):
             self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
             if sqlite_index and self._sqlite_path is not None:
@@ -137,7 +95,9 @@ class RunStore:
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
         self.sweep_run_id: str | None = None
-        self._artifact_uris: dict[str, str] = {}
+        # each run's artifact root, from its creation on: an upload needs no lookup of it
+        self.artifact_uris: dict[str, str] = {}
+        self.claims = ConfigClaims(self)  # a config runs once across launchers
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
@@ -220,7 +180,7 @@ class RunStore:
     ) -> dict[str, Decision]:
         """One lookup for the whole batch, then a decision per fingerprint."""
         found = find_runs(self.client, self.experiment_id, fingerprints)
-        gone = self._liveness(r for runs in found.values() for r in runs)
+        gone = self.liveness(r for runs in found.values() for r in runs)
         return {fp: decide(found.get(fp, []), rerun, gone, code) for fp in fingerprints}
 
     def follow(
@@ -231,7 +191,7 @@ class RunStore:
         FINISHED or FAILED; otherwise (stopped, its launcher gone, a lost claim deleted) the
         config is decided again, from all its runs."""
         current = runs_by_id(self.client, self.experiment_id, [r.run_id for r in awaited])
-        gone = self._liveness(current.values())
+        gone = self.liveness(current.values())
         followed: list[Decision | None] = []
         again: set[str] = set()
         for record in awaited:
@@ -269,56 +229,16 @@ class RunStore:
     # -- job runs -----------------------------------------------------------------------
 
     def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        """Claim each config before its job starts (see claims.py): a RUNNING run each, then
-        one lookup of the rivals for all of them. Lost claims are withdrawn, each naming the
-        run that holds its config; won ones are to be ``confirm``-ed (here already, when other
-        claims had to wait: a winner marked late would keep other launchers waiting)."""
-        claims: list[Claim] = []
-        try:
-            for request in requests:
-                claims.append(self._write_claim(request))
-            self._settle(claims)
-        except BaseException:
-            for claim in claims:
-                if claim.opened is None:
-                    self._withdraw_quietly(claim)
-            raise
-        return claims
+        """Claim each config before its job starts; lost claims name the run that holds it."""
+        return self.claims.claim(requests)
 
     def confirm(self, claim: Claim) -> str:
-        """The job's run of a won claim, marked won: the new run with its params, or the
-        interrupted run RUNNING again under this launcher (its stand-in deleted)."""
-        from mlflow.entities import Param, RunTag
-
-        assert claim.won, "only a won claim opens a run"
-        if claim.opened is not None:
-            return claim.opened
-        request, run_id = claim.request, claim.run.run_id
-        resumed = request.resumes
-        if resumed is None:
-            # The params mark the claim won (claims.py); a tag does where there are none (a tag
-            # in the same log_batch costs as much as the params of a small config on sqlite).
-            # log_batch splits into MLflow's per-request limits itself.
-            params = [Param(k, v) for k, v in request.params.items()]
-            mark = [] if params else [RunTag(Tags.CLAIM, WON)]
-            self.client.log_batch(run_id, params=params, tags=mark)
-            claim.opened = run_id
-            return run_id
-        # RUNNING, then the tags that name this launcher: the other way round, a lookup in
-        # between would take it for the stopped run's
-        self.client.update_run(resumed.run_id, status=RunStatus.RUNNING.value)
-        count = int(resumed.tags.get(Tags.RESUMED, "0") or 0) + 1
-        tags = {**self._job_tags(request.tags), Tags.RESUMED: str(count), Tags.CLAIM: WON}
-        self._set_tags(resumed.run_id, tags)
-        self.client.delete_run(run_id)  # the stand-in, after: a claim is visible throughout
-        self._artifact_uris.pop(run_id, None)
-        claim.opened = resumed.run_id
-        return resumed.run_id
+        """The job's run of a won claim, marked won (the new run, or the resumed one)."""
+        return self.claims.confirm(claim)
 
     def withdraw(self, claim: Claim) -> None:
         """Give up a claim not confirmed (the launcher stops before its job started)."""
-        if claim.opened is None:
-            self._withdraw_quietly(claim)
+        self.claims.withdraw(claim)
 
     def finish_job_run(
         self,
@@ -341,21 +261,23 @@ class RunStore:
         if error:
             self.client.set_tag(run_id, Tags.ERROR, error[-7900:])
         self.log_artifacts(run_id, artifacts)
-        self._artifact_uris.pop(run_id, None)  # the run is done; keep the map small
+        self.artifact_uris.pop(run_id, None)  # the run is done; keep the map small
         end_ms = int((end_time or time.time()) * 1000)
         self.client.set_terminated(run_id, status=status.value, end_time=end_ms)
 
     def set_job_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         """Tag a job's run while it is in flight (what happened to it so far)."""
-        self._set_tags(run_id, tags)
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
 
     def log_artifacts(self, run_id: str, paths: Iterable[Path]) -> None:
         """Upload files to the run's artifact root (the files that exist)."""
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        uri = self._artifact_uris.get(run_id)
+        uri = self.artifact_uris.get(run_id)
         if uri is None:
-            uri = self._artifact_uris[run_id] = self.client.get_run(run_id).info.artifact_uri
+            uri = self.artifact_uris[run_id] = self.client.get_run(run_id).info.artifact_uri
         # MlflowClient.log_artifact looks the run up again for every file (~3 ms each).
         repository = get_artifact_repository(uri, tracking_uri=self.tracking_uri)
         for path in paths:
@@ -379,16 +301,16 @@ class RunStore:
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
 
-    # -- internals ----------------------------------------------------------------------
-
-    def _job_tags(self, tags: Mapping[str, str]) -> dict[str, str]:
+    def job_run_tags(self, tags: Mapping[str, str]) -> dict[str, str]:
+        """A job's run's tags: these, this launcher's identity, the sweep run it is part of."""
         parent = {Tags.PARENT_RUN: self.sweep_run_id} if self.sweep_run_id else {}
         return {**tags, **self.identity.tags(), **parent}
 
-    def _set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        from mlflow.entities import RunTag
+    def liveness(self, records: Iterable[RunRecord]) -> Gone:
+        """``launcher_gone`` for these records' RUNNING runs (liveness.py)."""
+        return liveness(records, self.identity, self._heartbeats, self.stale_after_s)
 
-        self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    # -- internals ----------------------------------------------------------------------
 
     def _log_pickled_return_value(self, run_id: str, value: Any) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -431,10 +353,6 @@ class RunStore:
             return None
         return str(self._sqlite_path.parent / "mlruns")
 
-    def _liveness(self, records: Iterable[RunRecord]) -> Gone:
-        """``launcher_gone`` for these records' RUNNING runs (liveness.py)."""
-        return liveness(records, self.identity, self._heartbeats, self.stale_after_s)
-
     def _heartbeats(self, parent_ids: set[str]) -> dict[str, float]:
         beats: dict[str, float] = {}
         for parent_id in parent_ids:
@@ -446,71 +364,6 @@ class RunStore:
                 beats[parent_id] = float(tags[Tags.HEARTBEAT])
         return beats
 
-    def _write_claim(self, request: ClaimRequest) -> Claim:
-        if request.resumes is None:
-            name, tags = request.run_name, self._job_tags(request.tags)
-        else:  # a stand-in: the resumed run itself is one row, which claims cannot share
-            name = f"claim: {request.run_name}"
-            own = {Tags.FINGERPRINT: request.fingerprint, Tags.ROLE: "claim"}
-            tags = self._job_tags(own)
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-        self._artifact_uris[run.info.run_id] = run.info.artifact_uri
-        record = RunRecord(
-            run.info.run_id, request.fingerprint, RunStatus.RUNNING, run.info.start_time, tags
-        )
-        return Claim(request, record)
-
-    def _settle(self, claims: list[Claim]) -> None:
-        """Look at the rivals of every claim (one lookup) until each has won or lost."""
-        waiting: dict[str, frozenset[str] | None] = {c.run.run_id: None for c in claims}
-        undecided = list(claims)
-        deadline = time.monotonic() + CLAIM_PATIENCE_S
-        while undecided:
-            fingerprints = {c.request.fingerprint for c in undecided}
-            found = find_runs(self.client, self.experiment_id, fingerprints, running_only=True)
-            gone = self._liveness(r for runs in found.values() for r in runs)
-            still: list[Claim] = []
-            for claim in undecided:
-                rivals = [
-                    r
-                    for r in found.get(claim.request.fingerprint, [])
-                    if r.run_id != claim.run.run_id and gone(r) is None
-                ]
-                verdict = judge(claim.run, rivals, waiting[claim.run.run_id])
-                if verdict.holder is not None:
-                    self._lose(claim, verdict.holder)
-                elif verdict.waiting_for:
-                    if time.monotonic() > deadline:
-                        self._lose(claim, _earliest(rivals, verdict))
-                        continue
-                    waiting[claim.run.run_id] = verdict.waiting_for
-                    still.append(claim)
-            if still:
-                # winners first: a rival of theirs may be waiting for the mark
-                waits = {id(c) for c in still}
-                for claim in claims:
-                    if claim.won and id(claim) not in waits and claim.opened is None:
-                        self.confirm(claim)
-                time.sleep(CLAIM_LOOK_S)
-            undecided = still
-
-    def _lose(self, claim: Claim, holder: RunRecord) -> None:
-        claim.holder = holder
-        self._withdraw_quietly(claim)
-
-    def _withdraw_quietly(self, claim: Claim) -> None:
-        """End the claim's run KILLED, say why, delete it: out of the UI and of every lookup.
-        A failure here is logged: a run left RUNNING by a launcher counts as its (gone) claim."""
-        run_id = claim.run.run_id
-        why = f"lost to {claim.holder.run_id}" if claim.holder is not None else "withdrawn"
-        try:
-            self.client.set_tag(run_id, Tags.CLAIM, why)
-            self.client.set_terminated(run_id, RunStatus.KILLED.value)
-            self.client.delete_run(run_id)
-        except Exception as exc:
-            log.warning("furcate: could not withdraw the claim of run %s: %s", run_id, exc)
-        self._artifact_uris.pop(run_id, None)
-
     def _beat(self, run_id: str) -> None:
         from mlflow.tracking import MlflowClient
 
@@ -520,11 +373,6 @@ class RunStore:
                 client.set_tag(run_id, Tags.HEARTBEAT, _now())
             except Exception as exc:  # a busy store must not stop the sweep
                 log.debug("heartbeat not recorded: %s", exc)
-
-
-def _earliest(rivals: Sequence[RunRecord], verdict: Verdict) -> RunRecord:
-    waited = [r for r in rivals if r.run_id in verdict.waiting_for]
-    return min(waited, key=lambda r: (r.start_time_ms, r.run_id))
 
 
 def _use_wal(path: str) -> None:
