@@ -2,7 +2,7 @@
 
 NVML is the source of truth for what is installed; ``CUDA_VISIBLE_DEVICES`` is parsed with
 CUDA's own rules, except that we refuse malformed entries instead of silently dropping them.
-``pynvml`` is imported inside functions so that importing this module never touches the driver.
+NVML is reached through ``execution.nvml``, which touches the driver only when a probe asks.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.execution.nvml import NvmlError, NvmlUnavailable, nvml_started
 
 __all__ = [
     "GpuProbe",
     "InstalledGpu",
     "NvmlProbe",
     "normalize_device_id",
-    "nvml_handle",
     "parse_cuda_visible_devices",
 ]
 
@@ -121,37 +121,24 @@ class NvmlProbe:
 
     def device_ids(self) -> list[str]:
         """Return "0".."n-1" by NVML index (PCI bus order), or [] when NVML is unavailable."""
-        import pynvml
-
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError:
+            with nvml_started() as nvml:
+                count = nvml.count()
+        except NvmlUnavailable:
             # No library, no driver, or no permission: all mean "no usable GPU here".
             return []
-        try:
-            count = int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
         return [str(i) for i in range(count)]
 
     def installed(self) -> list[InstalledGpu] | None:
         """Return every GPU NVML lists, or None when NVML is unavailable or does not answer."""
-        import pynvml
-
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError:
+            with nvml_started() as nvml:
+                return [
+                    InstalledGpu(str(index), nvml.uuid(nvml.handle(str(index))))
+                    for index in range(nvml.count())
+                ]
+        except (NvmlUnavailable, NvmlError):
             return None
-        try:
-            gpus = []
-            for index in range(int(pynvml.nvmlDeviceGetCount())):
-                uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
-                gpus.append(InstalledGpu(str(index), str(uuid)))
-            return gpus
-        except pynvml.NVMLError:
-            return None
-        finally:
-            pynvml.nvmlShutdown()
 
     def free_memory_bytes(self, device_id: str) -> int:
         """Return free memory of a device given by NVML index or GPU-/MIG- UUID (or prefix).
@@ -159,38 +146,12 @@ class NvmlProbe:
         Raises:
             RuntimeError: NVML is unavailable, or the device is unknown or unreadable.
         """
-        import pynvml
-
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            with nvml_started() as nvml:
+                return nvml.memory(nvml.handle(device_id)).free
+        except NvmlUnavailable as exc:
             raise RuntimeError(
                 f"cannot read free memory of GPU {device_id!r}: NVML is not available ({exc})"
             ) from exc
-        try:
-            handle = nvml_handle(device_id)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-        except pynvml.NVMLError as exc:
+        except NvmlError as exc:
             raise RuntimeError(f"cannot read free memory of GPU {device_id!r}: {exc}") from exc
-        finally:
-            pynvml.nvmlShutdown()
-
-
-def nvml_handle(device_id: str) -> object:
-    """The NVML handle of a device id as slots name it (an index or a GPU-/MIG- UUID, or a
-    UUID's prefix); the caller has initialised NVML."""
-    import pynvml
-
-    if device_id.isdigit():
-        return pynvml.nvmlDeviceGetHandleByIndex(int(device_id))
-    try:
-        return pynvml.nvmlDeviceGetHandleByUUID(device_id)
-    except (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument):
-        if not device_id.startswith("GPU-"):
-            raise
-    # CUDA accepts a UUID prefix but NVML wants the whole UUID, so match the prefix here.
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        if str(pynvml.nvmlDeviceGetUUID(handle)).startswith(device_id):
-            return handle
-    raise RuntimeError(f"no GPU has a UUID starting with {device_id!r}")

@@ -47,6 +47,7 @@ from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution import mps_watch
 from furcate_hydra.execution.mps_daemon import LOG_ENV, PIPE_ENV, MpsDaemon, start_daemon
 from furcate_hydra.execution.mps_log import MPS_FAULT_BEHAVIOUR, MpsFaultScan
+from furcate_hydra.execution.nvml import NvmlUnavailable, nvml_started
 from furcate_hydra.layout import SweepPaths
 
 __all__ = [
@@ -105,31 +106,17 @@ def check_mps_mode(value: object) -> str:
 
 def nvml_compute_modes(devices: Sequence[str]) -> dict[str, str | None]:
     """Each device's compute mode as NVML names it, None where NVML cannot tell."""
-    import pynvml
-
-    from furcate_hydra.execution.devices import nvml_handle
-
-    names = {
-        pynvml.NVML_COMPUTEMODE_DEFAULT: "DEFAULT",
-        pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "EXCLUSIVE_THREAD",
-        pynvml.NVML_COMPUTEMODE_PROHIBITED: "PROHIBITED",
-        pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "EXCLUSIVE_PROCESS",
-    }
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
+        with nvml_started() as nvml:
+            modes: dict[str, str | None] = {}
+            for device in devices:
+                try:
+                    modes[device] = nvml.compute_mode(nvml.handle(device))
+                except RuntimeError:  # NvmlError, or no GPU of that UUID prefix
+                    modes[device] = None
+            return modes
+    except NvmlUnavailable:
         return dict.fromkeys(devices)
-    try:
-        modes: dict[str, str | None] = {}
-        for device in devices:
-            try:
-                mode = int(pynvml.nvmlDeviceGetComputeMode(nvml_handle(device)))
-                modes[device] = names.get(mode, f"mode {mode}")
-            except (pynvml.NVMLError, RuntimeError):
-                modes[device] = None
-        return modes
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def start_mps(

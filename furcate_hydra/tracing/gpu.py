@@ -4,12 +4,12 @@
                          those whose pid is in the job's process tree; the GPU's utilisation
 
 NVML lists the processes that hold memory on a GPU, each with what it holds, so a job's share
-is told apart from its neighbours' on a shared GPU. A job of several GPUs
-sums its memory over them (``over_gpus``). ``pynvml`` is imported on the first GPU
-sample, never for CPU slots. Where NVML cannot answer (no driver, a device it does not know, a
-MIG instance without utilisation), the value is None and the trace goes on without it. In a
-container with its own pid namespace NVML reports the host's pids, which match no job: the
-job's GPU memory then reads 0.
+is told apart from its neighbours' on a shared GPU. A job of several GPUs sums its memory over
+them (``over_gpus``). NVML is started (``execution.nvml``) on the first GPU sample, never for
+CPU slots. Where NVML cannot answer (no driver, a device it does not know, a MIG instance
+without utilisation), the value is None and the trace goes on without it. In a container with
+its own pid namespace NVML reports the host's pids, which match no job: the job's GPU memory
+then reads 0.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from furcate_hydra.execution.devices import nvml_handle
+from furcate_hydra.execution.nvml import Nvml, NvmlUnavailable, start_nvml
 from furcate_hydra.tracing.process_tree import MIB
 
 __all__ = ["DeviceReading", "GpuUsage", "NvmlSampler", "over_gpus"]
@@ -56,72 +55,67 @@ class DeviceReading:
 
 
 class NvmlSampler:
-    """Reads GPU usage through NVML, initialised once on first use; one thread uses it."""
+    """Reads GPU usage through NVML, started once on first use; one thread uses it."""
 
     def __init__(self, who: str = "the resource trace has no GPU figures") -> None:
         """``who``: what a warning says is missing where NVML cannot answer."""
         self._who = who
-        self._nvml: Any = None
+        self._nvml: Nvml | None = None
         self._unavailable = False  # NVML failed to start: not tried again
         self._warned: set[str] = set()  # devices (or "" for NVML itself) already warned about
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, object] = {}
 
     def usage(self, device: str, pids: Collection[int]) -> GpuUsage:
         """The memory ``pids`` hold on ``device`` and its utilisation."""
-        nvml = self._init()
+        nvml = self._start()
         if nvml is None:
             return GpuUsage(None, None)
         try:
             handle = self._handle(nvml, device)
-            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        except Exception as exc:  # NVMLError, or no such device
+            processes = nvml.processes(handle)
+        except Exception as exc:  # NvmlError, or no such device: the trace goes on
             self._warn_once(device, f"cannot read the processes on GPU {device!r}: {exc}")
             return GpuUsage(None, None)
-        held = sum(int(process.usedGpuMemory or 0) for process in processes if process.pid in pids)
+        held = sum(held for pid, held in processes if pid in pids)
         return GpuUsage(held / MIB, _utilisation(nvml, handle))
 
     def device(self, device: str) -> DeviceReading | None:
         """What NVML says of ``device`` now (three calls); None where it cannot answer."""
-        nvml = self._init()
+        nvml = self._start()
         if nvml is None:
             return None
         try:
             handle = self._handle(nvml, device)
-            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        except Exception as exc:  # NVMLError, or no such device
+            processes = nvml.processes(handle)
+            memory = nvml.memory(handle)
+        except Exception as exc:  # NvmlError, or no such device: the watch goes on
             self._warn_once(device, f"cannot read GPU {device!r}: {exc}")
             return None
-        held = tuple((int(p.pid), int(p.usedGpuMemory or 0)) for p in processes)
-        return DeviceReading(held, int(memory.used), int(memory.total), _utilisation(nvml, handle))
+        return DeviceReading(processes, memory.used, memory.total, _utilisation(nvml, handle))
 
     def close(self) -> None:
         if self._nvml is not None:
             try:
-                self._nvml.nvmlShutdown()
+                self._nvml.close()
             except Exception as exc:
                 log.debug("nvmlShutdown: %s", exc)
             self._nvml = None
             self._handles.clear()
 
-    def _init(self) -> Any:
+    def _start(self) -> Nvml | None:
         if self._nvml is not None or self._unavailable:
             return self._nvml
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, ...
+            self._nvml = start_nvml()
+        except NvmlUnavailable as exc:  # no pynvml, no driver, ...
             self._unavailable = True
             self._warn_once("", f"NVML is not available ({exc})")
-            return None
-        self._nvml = pynvml
-        return pynvml
+        return self._nvml
 
-    def _handle(self, nvml: Any, device: str) -> Any:
+    def _handle(self, nvml: Nvml, device: str) -> object:
         handle = self._handles.get(device)
         if handle is None:
-            handle = self._handles[device] = nvml_handle(device)
+            handle = self._handles[device] = nvml.handle(device)
         return handle
 
     def _warn_once(self, device: str, why: str) -> None:
@@ -130,9 +124,9 @@ class NvmlSampler:
             log.warning("furcate: %s: %s", self._who, why)
 
 
-def _utilisation(nvml: Any, handle: Any) -> float | None:
+def _utilisation(nvml: Nvml, handle: object) -> float | None:
     """The GPU's utilisation (percent), or None where NVML has none (e.g. a MIG instance)."""
     try:
-        return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    except Exception:
+        return nvml.utilisation(handle)
+    except Exception:  # NvmlError "Not Supported", or an answer of another shape
         return None

@@ -16,8 +16,8 @@ the fake cannot drift from the driver unseen.
                 within the GPU's used memory, and is no longer listed once it exited
     no driver   where NVML cannot start, ``nvmlInit`` raises NVMLError (a GPU-less machine)
 
-These are the calls of ``furcate_hydra/execution/devices.py``, ``execution/mps.py`` and
-``tracing/gpu.py``; the behaviour asserted is NVIDIA's NVML API reference's.
+These are the calls of ``furcate_hydra/execution/nvml.py``, furcate's one door to NVML; the
+behaviour asserted is NVIDIA's NVML API reference's.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def test_an_unknown_uuid_is_not_found_and_a_prefix_is_never_another_gpu(
         started.nvmlDeviceGetHandleByUUID(UNKNOWN_UUID)
     assert raised.value.value == started.NVML_ERROR_NOT_FOUND
     uuid = started.nvmlDeviceGetUUID(started.nvmlDeviceGetHandleByIndex(0))
-    # furcate's nvml_handle takes either refusal as "look the prefix up among the UUIDs"
+    # furcate's Nvml.handle takes either refusal as "look the prefix up among the UUIDs"
     try:
         handle = started.nvmlDeviceGetHandleByUUID(uuid[:12])
     except (started.NVMLError_NotFound, started.NVMLError_InvalidArgument):
