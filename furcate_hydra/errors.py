@@ -1,4 +1,4 @@
-"""Errors raised for bad options and for jobs that did not complete."""
+"""Errors raised for bad options and for jobs that did not complete, and an error in a line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ __all__ = [
     "FurcateConfigError",
     "JobCrashedError",
     "PrivateApiMoved",
+    "first_line",
     "name_list",
     "positive_seconds",
 ]
@@ -73,3 +74,10 @@ class ForkServerError(RuntimeError):
 
 class ExecutorBrokenError(RuntimeError):
     """The machinery that runs jobs died (the fork server): it takes no more jobs."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's message in one line, for a sentence that names its cause: its first line,
+    or its type where it has no message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

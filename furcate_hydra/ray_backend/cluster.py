@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.errors import FurcateConfigError, first_line
 from furcate_hydra.execution.gpu_groups import rank_threads
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import Slot, SlotPlan, jobs_on_gpu
@@ -103,7 +103,7 @@ def connect(options: RayOptions, log_to_driver: bool) -> ModuleType:
         raise FurcateConfigError(
             ADDRESS_KEY,
             options.address,
-            f"Ray could not connect to a cluster there ({_first_line(exc)})",
+            f"Ray could not connect to a cluster there ({first_line(exc)})",
             "start the cluster first (`ray start --head` on its head node), check the "
             f"address with `ray status --address=...`, or leave {ADDRESS_KEY} unset to start "
             "Ray on this machine",
@@ -235,8 +235,3 @@ def _check_answers(address: str | None, host: str, port: int) -> None:
 def _short(resources: dict[str, Any]) -> str:
     keys = ("CPU", "GPU")
     return ", ".join(f"{k}={resources.get(k, 0):g}" for k in keys)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from furcate_hydra import env_vars
+from furcate_hydra.errors import first_line
 from furcate_hydra.execution.forkserver.protocol import Placement, Start
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool
@@ -264,14 +265,9 @@ class RayTransport(Transport):
         where = str(node) if node is not None else "an unknown node"
         why = (
             f"the Ray worker of slot {index} on {where} died while running the job "
-            f"({_first_line(exc)}); the node may be gone or out of memory (see `ray status` "
+            f"({first_line(exc)}); the node may be gone or out of memory (see `ray status` "
             "and the Ray logs of that node)"
         )
         log.warning("furcate: %s", why)
         self.actors.replace(index)
         return Ended(key, died=why)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

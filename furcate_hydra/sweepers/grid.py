@@ -18,11 +18,11 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.errors import FurcateConfigError, first_line
 from furcate_hydra.hydra_api.options import OptionError, as_option_error, plain
 from furcate_hydra.sweeping.exclusion import ExclusionRule, parse_exclusions
 
-__all__ = ["COMPOSE_ERRORS", "SweepSpec", "expand_grid", "first_line", "parse_sweep_overrides"]
+__all__ = ["COMPOSE_ERRORS", "SweepSpec", "expand_grid", "parse_sweep_overrides"]
 
 # What Hydra raises for config files it cannot compose (bad YAML, a missing group option, a
 # value of the wrong type): an edit mid-sweep can cause any of them.
@@ -119,7 +119,3 @@ def _param_value(key: object, value: Any) -> str:
             f"write it as `{key}: 1,2,3` (or choice(...), range(...), glob(...))",
         )
     return str(value)
-
-
-def first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

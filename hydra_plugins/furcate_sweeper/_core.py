@@ -23,15 +23,12 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf
 
+from furcate_hydra.errors import first_line
 from furcate_hydra.hydra_api.options import OptionError
-from furcate_hydra.launching.streaming import (
-    LOOKUP_CHUNK,
-    JobRequest,
-    StreamingLauncher,
-    as_streaming,
-)
+from furcate_hydra.launching.slot_feed import FeedPace, JobSource, SlotFeed
+from furcate_hydra.launching.streaming import JobRequest, StreamingLauncher, as_streaming
 from furcate_hydra.sweepers.exclusion_filter import FilteredGrid, GridFilter
-from furcate_hydra.sweepers.grid import COMPOSE_ERRORS, SweepSpec, expand_grid, first_line
+from furcate_hydra.sweepers.grid import COMPOSE_ERRORS, SweepSpec, expand_grid
 from furcate_hydra.sweepers.sweep_returns import ReturnBatch, SweepReturns
 from furcate_hydra.sweepers.sweeper_base import SweepContext, save_multirun_config
 from furcate_hydra.sweeping.sweep_queue import SweepQueue
@@ -99,6 +96,10 @@ class GridPlanner:
         return self.filter.apply(grid, spec.rules)
 
 
+# A job of the grid: its overrides and its ``hydra.job.num``.
+NumberedJob = tuple[list[str], int]
+
+
 class GridSweep:
     """One sweep's state: the queue, job numbers, returns (on disk), and the live config file."""
 
@@ -126,12 +127,12 @@ class GridSweep:
             self.live = LiveConfig(hydra_context, config, path)
             log.info("furcate: watching %s for edits of hydra.sweeper.params/exclude", path)
 
-    def numbered(self, configs: Sequence[tuple[str, ...]]) -> list[tuple[list[str], int]]:
+    def numbered(self, configs: Sequence[tuple[str, ...]]) -> list[NumberedJob]:
         jobs = [(list(config), self.next_num + i) for i, config in enumerate(configs)]
         self.next_num += len(jobs)
         return jobs
 
-    def hold(self, jobs: Sequence[tuple[list[str], int]], error: BaseException) -> None:
+    def hold(self, jobs: Sequence[NumberedJob], error: BaseException) -> None:
         """Jobs that no longer compose go back to the queue, their numbers unused, until an
         edit fixes the files; without a watched file the error ends the sweep, as in Hydra."""
         if self.live is None:
@@ -148,7 +149,7 @@ class GridSweep:
             self.live.path,
         )
 
-    def composes(self, jobs: Sequence[tuple[list[str], int]]) -> bool:
+    def composes(self, jobs: Sequence[NumberedJob]) -> bool:
         """For launchers that compose each job from the files: check first, once they changed."""
         if not self.files_changed:
             return True  # the planner composed every config of the grid from these files
@@ -221,38 +222,52 @@ def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
     so the launcher starts it the moment the slot frees."""
     if not len(sweep.queue):
         return  # nothing to run: no pool to start
-    in_flight: dict[str, int] = {}
-    lookahead = 0  # grows while reruns find whole batches recorded (skipped)
-    interval = sweep.options.watch_interval_s if sweep.live is not None else None
     with launcher.streaming():
-        slots, ahead = launcher.slot_count, launcher.jobs_ahead
-        while len(sweep.queue) or in_flight:
-            # a job whose config another launcher runs waits without a slot: launchers
-            # sweeping one grid share it instead of waiting for each other; the first jobs
-            # fill the slots, the next ones wait ahead of them
-            ours = sum(1 for key in in_flight if not launcher.job_run(key).elsewhere)
-            free = (slots + ahead if ours else slots) - ours
-            done: list[tuple[str, JobReturn]] = []
-            if free > 0 and len(sweep.queue) and not sweep.on_hold:
-                jobs = sweep.numbered(sweep.queue.take(max(free, lookahead)))
-                try:
-                    keys = launcher.submit_batch([JobRequest(o, num) for o, num in jobs])
-                except COMPOSE_ERRORS as exc:  # the files were edited into a broken state
-                    sweep.hold(jobs, exc)
-                    continue
-                in_flight.update(zip(keys, (num for _, num in jobs), strict=True))
-                done = launcher.wait_any(timeout=0)  # skipped jobs come back at once
-                batch = set(keys)
-                skipped = sum(1 for key, _ in done if key in batch)
-                lookahead = min(LOOKUP_CHUNK, 2 * len(jobs)) if skipped == len(jobs) else 0
-            elif in_flight:
-                done = launcher.wait_any(timeout=interval)
-            else:  # on hold with nothing running: wait for the fixing edit
-                time.sleep(sweep.options.watch_interval_s)
-            for key, job_return in done:
-                sweep.returns.add(in_flight.pop(key), job_return)
-            sweep.follow_edits()
-            launcher.sweep_status(to_come=len(sweep.queue))
+        # a job whose config another launcher runs waits without a slot: launchers sweeping
+        # one grid share it instead of waiting for each other
+        pace = FeedPace(
+            launcher.slot_count,
+            launcher.jobs_ahead,
+            elsewhere_holds_room=False,
+            grow_on_skips=True,
+        )
+        SlotFeed(launcher, _GridFeed(sweep, launcher), pace).run()
+
+
+class _GridFeed(JobSource[NumberedJob]):
+    """The queue as a slot feed's source: each job its overrides and number; between rounds,
+    edits of the config file followed."""
+
+    def __init__(self, sweep: GridSweep, launcher: StreamingLauncher) -> None:
+        self.sweep = sweep
+        self.launcher = launcher
+        self.wake_every_s = sweep.options.watch_interval_s if sweep.live is not None else None
+
+    def has_more(self) -> bool:
+        return len(self.sweep.queue) > 0
+
+    def ready(self) -> bool:
+        return not self.sweep.on_hold
+
+    def take(self, count: int) -> list[tuple[JobRequest, NumberedJob]]:
+        jobs = self.sweep.numbered(self.sweep.queue.take(count))
+        return [(JobRequest(overrides, num), (overrides, num)) for overrides, num in jobs]
+
+    def refused(self, items: Sequence[NumberedJob], error: Exception) -> bool:
+        if not isinstance(error, COMPOSE_ERRORS):
+            return False
+        self.sweep.hold(items, error)  # the files were edited into a broken state
+        return True
+
+    def wait_until_ready(self) -> None:
+        time.sleep(self.sweep.options.watch_interval_s)  # on hold: wait for the fixing edit
+
+    def ended(self, item: NumberedJob, key: str, job_return: JobReturn) -> None:
+        self.sweep.returns.add(item[1], job_return)
+
+    def round_done(self) -> None:
+        self.sweep.follow_edits()
+        self.launcher.sweep_status(to_come=len(self.sweep.queue))
 
 
 def _batches(sweep: GridSweep, launcher: Launcher, max_batch_size: int | None) -> None:
