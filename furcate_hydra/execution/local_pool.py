@@ -47,6 +47,7 @@ from furcate_hydra.execution.job_pool import JobPool
 from furcate_hydra.execution.mps import MpsDaemon, start_mps
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_book import SlotBook
+from furcate_hydra.execution.slot_env import VISIBLE_DEVICES
 from furcate_hydra.execution.slots import Slot, SlotPlan
 from furcate_hydra.execution.transport import (
     Broken,
@@ -314,7 +315,7 @@ class LocalTransport(Transport):
         if self._mps is not None and slot.device is not None:
             # under furcate's daemon a job names its GPU as the daemon numbers them
             env.update(self._mps.env())
-            env["CUDA_VISIBLE_DEVICES"] = self._mps.visible_device(slot.device)
+            env[VISIBLE_DEVICES] = self._mps.visible_device(slot.device)
         return Placement(slot.index, env, slot.cpus, slot.threads)
 
     def _report_mps_faults(self) -> None:

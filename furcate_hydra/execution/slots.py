@@ -8,7 +8,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.execution.devices import (
     GpuProbe,
@@ -17,6 +16,7 @@ from furcate_hydra.execution.devices import (
     parse_cuda_visible_devices,
 )
 from furcate_hydra.execution.gpu_groups import group_devices, rank_threads, slot_devices
+from furcate_hydra.execution.slot_env import cuda_env, slot_env
 from furcate_hydra.execution.slot_options import AUTO, SlotOptions, explicit_gpus
 
 __all__ = [
@@ -30,8 +30,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -57,17 +55,7 @@ class Slot:
 
     def env(self) -> dict[str, str]:
         """Return variables to set in the job's environment before anything initialises CUDA."""
-        env = {
-            # "" rather than unset: a CPU slot must not be able to grab a GPU.
-            "CUDA_VISIBLE_DEVICES": self.device or "",
-            # CUDA's default order is fastest-first; NVML indices follow the PCI bus.
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "FURCATE_SLOT": str(self.index),
-            env_vars.GPUS_PER_JOB: str(len(self.devices)),
-        }
-        if self.threads is not None:
-            env.update(dict.fromkeys(_THREAD_VARS, str(self.threads)))
-        return env
+        return {**cuda_env(self.device), **slot_env(self.index, len(self.devices), self.threads)}
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ import signal
 import time
 from typing import Any
 
-from furcate_hydra import env_vars
 from furcate_hydra.errors import first_line
 from furcate_hydra.execution.forkserver.protocol import Placement, Start
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool
 from furcate_hydra.execution.pool_options import PoolOptions
+from furcate_hydra.execution.slot_env import slot_env
 from furcate_hydra.execution.transport import (
     Broken,
     Ended,
@@ -43,8 +43,6 @@ from furcate_hydra.ray_backend.slot_actor import NodeInfo, SlotResult
 __all__ = ["RayPool", "RayTransport"]
 
 log = logging.getLogger(__name__)
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 class RayPool(JobPool):
@@ -129,18 +127,14 @@ class RayTransport(Transport):
     def place(self, job: Job) -> Placed:
         index = self._free.pop(0)
         slot = self.plan.slots[index]
-        slot_env = {  # Ray sets CUDA_VISIBLE_DEVICES itself: as many GPUs as asked, or one shared
-            "FURCATE_SLOT": str(index),
-            env_vars.GPUS_PER_JOB: str(math.ceil(self.plan.gpus_per_slot)),
-        }
-        if slot.threads is not None:
-            slot_env.update(dict.fromkeys(_THREAD_VARS, str(slot.threads)))
+        # Ray sets CUDA_VISIBLE_DEVICES in the actor: as many GPUs as asked, or one shared
+        env = slot_env(index, math.ceil(self.plan.gpus_per_slot), slot.threads)
         start = Start(
             key=job.key,
             payload=job.payload,
             env=job.env,
             # Ray gives CPU counts, not cores: threads follow, nothing pinned
-            placement=Placement(index, slot_env, None, slot.threads),
+            placement=Placement(index, env, None, slot.threads),
             stdout_path=str(job.paths.stdout),
             stderr_path=str(job.paths.stderr),
             result_path="",  # the actor's own, on its node

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from furcate_hydra.execution.forkserver import ForkServerClient
 from furcate_hydra.execution.forkserver.protocol import Exited, Start, Started, StartFailed
+from furcate_hydra.execution.slot_env import VISIBLE_DEVICES, cuda_env
 
 __all__ = ["NodeInfo", "SlotActor", "SlotResult"]
 
@@ -77,11 +78,11 @@ class SlotActor:
         if os.path.isdir(cwd):
             os.chdir(cwd)
         sys.path[:0] = [p for p in sys_path if p not in sys.path and os.path.exists(p)]
-        if not gpus:
-            # a CPU slot must not be able to grab a GPU of its node
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        # Ray numbers a node's GPUs as NVML does (PCI bus order); CUDA, unless told, by speed
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        # CUDA's view of the slot, as a local slot's: the fork server and its jobs inherit it
+        env = cuda_env(None)
+        if gpus:  # Ray set the actor's CUDA_VISIBLE_DEVICES: its GPUs, or its share of one
+            del env[VISIBLE_DEVICES]
+        os.environ.update(env)
         self.index = index
         self._lock = threading.Lock()
         self._kill_requested: dict[str, int] = {}
