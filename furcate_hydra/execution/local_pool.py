@@ -31,11 +31,11 @@ from pathlib import Path
 from furcate_hydra.errors import ForkServerError
 from furcate_hydra.execution.forkserver import ForkServerClient
 from furcate_hydra.execution.forkserver.client import ConsoleOutput, start_server
+from furcate_hydra.execution.forkserver.job_start import ResultFiles, job_start
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
     Exited,
     Placement,
-    Start,
     StartFailed,
     Unused,
     WarmContext,
@@ -126,6 +126,7 @@ class LocalTransport(Transport):
         self._warm = warm
         self._output = output
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-"))
+        self._results = ResultFiles(self._runtime_dir)
         self._sweep_dir = sweep_dir or self._runtime_dir
         self._mps: MpsDaemon | None = None
         self._server: ForkServerClient | None = None
@@ -183,16 +184,9 @@ class LocalTransport(Transport):
             self._ahead[job.key] = job
         else:
             self._slots.hold(job.key, slot)
-        start = Start(
-            key=job.key,
-            payload=job.payload,
-            env=job.env,
-            placement=None if slot is None else self._placement(slot),
-            stdout_path=str(job.paths.stdout),
-            stderr_path=str(job.paths.stderr),
-            result_path=str(self._result_path(job)),
-            echo=self.options.echo_output,
-        )
+        placement = None if slot is None else self._placement(slot)
+        result_path = str(self._results.path(_result_name(job)))
+        start = job_start(job, placement, result_path, self.options.echo_output)
         self._send(lambda: self.ready_server().start(start))
         return None if slot is None else Placed(slot)
 
@@ -326,19 +320,16 @@ class LocalTransport(Transport):
             log.warning("%s", line)
 
     def _read_report(self, job: Job) -> ChildReport | None:
-        path = self._result_path(job)
-        if not path.exists():
-            return None
         try:
-            return load_report(path.read_bytes())
+            data = self._results.take(_result_name(job))
         except OSError as exc:
             return ChildReport(error=f"the job's result could not be read: {exc!r}")
-        finally:
-            path.unlink(missing_ok=True)
+        return None if data is None else load_report(data)
 
-    def _result_path(self, job: Job) -> Path:
-        # id() is unique while the job is held here, and a job is held until it is handed back.
-        return self._runtime_dir / f"{id(job):x}-{job.attempts}.result"
+
+def _result_name(job: Job) -> str:
+    # id() is unique while the job is held here, and a job is held until it is handed back.
+    return f"{id(job):x}-{job.attempts}"
 
 
 def _kill_group(pid: int) -> None:

@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from furcate_hydra.errors import first_line
-from furcate_hydra.execution.forkserver.protocol import Placement, Start
+from furcate_hydra.execution.forkserver.job_start import job_start
+from furcate_hydra.execution.forkserver.protocol import Placement
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool
 from furcate_hydra.execution.pool_options import PoolOptions
@@ -129,17 +130,10 @@ class RayTransport(Transport):
         slot = self.plan.slots[index]
         # Ray sets CUDA_VISIBLE_DEVICES in the actor: as many GPUs as asked, or one shared
         env = slot_env(index, math.ceil(self.plan.gpus_per_slot), slot.threads)
-        start = Start(
-            key=job.key,
-            payload=job.payload,
-            env=job.env,
-            # Ray gives CPU counts, not cores: threads follow, nothing pinned
-            placement=Placement(index, env, None, slot.threads),
-            stdout_path=str(job.paths.stdout),
-            stderr_path=str(job.paths.stderr),
-            result_path="",  # the actor's own, on its node
-            echo=self.options.echo_output,
-        )
+        # Ray gives CPU counts, not cores: threads follow, nothing pinned
+        placement = Placement(index, env, None, slot.threads)
+        # the result file is the actor's own, on its node
+        start = job_start(job, placement, "", self.options.echo_output)
         self._placed[job.key] = (job, index)
         actor = self.actors[index]
         self._refs[actor.run.remote(start)] = job.key

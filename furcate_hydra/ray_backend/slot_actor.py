@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from furcate_hydra.execution.forkserver import ForkServerClient
+from furcate_hydra.execution.forkserver.job_start import ResultFiles
 from furcate_hydra.execution.forkserver.protocol import Exited, Start, Started, StartFailed
 from furcate_hydra.execution.slot_env import VISIBLE_DEVICES, cuda_env
 
@@ -91,7 +92,7 @@ class SlotActor:
         self._forks: dict[str, tuple[int, float] | None] = {}
         self._forked = threading.Condition()
         self._told: set[str] = set()  # keys whose run() has told forked() already
-        self._runtime_dir = Path(tempfile.mkdtemp(prefix="furcate-ray-"))
+        self._results = ResultFiles(Path(tempfile.mkdtemp(prefix="furcate-ray-")))
         began = time.perf_counter()
         self._server = ForkServerClient(preload, context)
         self._start_s = time.perf_counter() - began
@@ -141,8 +142,7 @@ class SlotActor:
     def _run(self, start: Start) -> SlotResult:
         with self._forked:  # a retry of the key: a new process to tell of
             self._told.discard(start.key)
-        result_path = self._runtime_dir / f"{start.key}.result"
-        start = dataclasses.replace(start, result_path=str(result_path))
+        start = dataclasses.replace(start, result_path=str(self._results.path(start.key)))
         with self._lock:
             if start.key in self._kill_requested:
                 return SlotResult(start.key, None, None, time.time(), None, None, "cancelled")
@@ -160,8 +160,7 @@ class SlotActor:
             elif isinstance(event, StartFailed) and event.key == start.key:
                 return SlotResult(start.key, None, None, time.time(), None, None, event.error)
             elif isinstance(event, Exited) and event.key == start.key:
-                report = result_path.read_bytes() if result_path.exists() else None
-                result_path.unlink(missing_ok=True)
+                report = self._results.take(start.key)
                 self._kill_requested.pop(start.key, None)
                 return SlotResult(
                     start.key, pid, started_at, event.ended_at, event.wait_status, report
