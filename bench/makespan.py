@@ -22,11 +22,8 @@ max(total work / 4, longest job). Run: ``python bench/makespan.py``.
 from __future__ import annotations
 
 import argparse
-import heapq
-import itertools
 import os
 import random
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +42,18 @@ from bench.harness import (
     task_value,
     write_results,
 )
+from bench.timeline import (
+    Job,
+    batch_schedule,
+    gap_figures,
+    list_schedule,
+    lower_bound,
+    on_last_slot,
+    print_work,
+    slot_gaps,
+    task_seconds,
+    work_figures,
+)
 from furcate_hydra.launching.streaming import JobRequest
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 
@@ -56,16 +65,6 @@ LAUNCHER_OVERRIDES = [
     "hydra.launcher.preload=[]",  # the jobs only sleep
     "hydra.launcher.mlflow.enabled=false",  # the launcher alone; bench/recording.py times it
 ]
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job as the job saw it (wall-clock times)."""
-
-    slot: int
-    duration: float
-    entered_at: float
-    left_at: float
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ def sleep_task(cfg: DictConfig) -> dict[str, Any]:
     """The benchmark's job: sleep for ``duration`` seconds, say on which slot and when."""
     entered = time.time()
     time.sleep(float(cfg.duration))
-    return {"slot": os.environ["FURCATE_SLOT"], "entered_at": entered, "left_at": time.time()}
+    return {"slot": os.environ["FURCATE_SLOT"], "started_at": entered, "ended_at": time.time()}
 
 
 def draw_durations(count: int) -> list[float]:
@@ -101,26 +100,10 @@ def overrides_for(durations: Sequence[float]) -> list[list[str]]:
     return [[f"+duration={d}"] for d in durations]
 
 
-def lower_bound(durations: Sequence[float]) -> float:
-    return max(sum(durations) / SLOTS, max(durations))
-
-
-def list_schedule(durations: Sequence[float]) -> float:
-    """Makespan of the async path with zero overhead: each job, in order, to the first free slot."""
-    free_at = [0.0] * SLOTS
-    for duration in durations:
-        heapq.heapreplace(free_at, free_at[0] + duration)
-    return max(free_at)
-
-
-def batch_schedule(durations: Sequence[float]) -> float:
-    """Makespan of batches of SLOTS with zero overhead: the sum of each batch's longest job."""
-    return sum(max(durations[i : i + SLOTS]) for i in range(0, len(durations), SLOTS))
-
-
-def _record(job_return: JobReturn, duration: float) -> Job:
+def _record(job_return: JobReturn, num: int) -> Job:
     value = task_value(job_return)
-    return Job(int(value["slot"]), duration, value["entered_at"], value["left_at"])
+    # the task's start stands for its process's entry, which this task does not read
+    return Job(num, value["slot"], value["started_at"], value["started_at"], value["ended_at"])
 
 
 def run_async(launcher: FurcateLauncher, durations: Sequence[float], first_num: int) -> Run:
@@ -136,17 +119,17 @@ def _run_submitting(
     launcher: FurcateLauncher, durations: Sequence[float], first_num: int, window: int, name: str
 ) -> Run:
     """Submit in order with at most ``window`` jobs outstanding; collect with wait_any."""
-    todo = list(enumerate(zip(overrides_for(durations), durations, strict=True)))
+    todo = list(enumerate(overrides_for(durations)))
     todo.reverse()  # popped from the end, in order
     began = time.time()
     all_submitted: float | None = None
-    outstanding: dict[str, float] = {}
+    outstanding: dict[str, int] = {}
     jobs: list[Job] = []
     while todo or outstanding:
         while todo and len(outstanding) < window:
-            i, (overrides, duration) = todo.pop()
+            i, overrides = todo.pop()
             (key,) = launcher.submit_batch([JobRequest(overrides, first_num + i)])
-            outstanding[key] = duration
+            outstanding[key] = first_num + i
             if not todo:
                 all_submitted = time.time()
         jobs += [_record(ret, outstanding.pop(key)) for key, ret in launcher.wait_any()]
@@ -159,62 +142,46 @@ def run_batches(launcher: FurcateLauncher, durations: Sequence[float], first_num
     for start in range(0, len(durations), SLOTS):
         batch = durations[start : start + SLOTS]
         returns = launcher.launch(overrides_for(batch), first_num + start)
-        jobs += [_record(ret, d) for ret, d in zip(returns, batch, strict=True)]
+        jobs += [_record(ret, first_num + start + k) for k, ret in enumerate(returns)]
     return Run("batches", began, time.time(), jobs)
 
 
 def run_one_launch(launcher: FurcateLauncher, durations: Sequence[float], first_num: int) -> Run:
     began = time.time()
     returns = launcher.launch(overrides_for(durations), first_num)
-    jobs = [_record(ret, d) for ret, d in zip(returns, durations, strict=True)]
+    jobs = [_record(ret, first_num + k) for k, ret in enumerate(returns)]
     return Run("one launch", began, time.time(), jobs)
-
-
-def slot_gaps(run: Run) -> list[float]:
-    """Idle time of each slot between a job's task returning and the next job's task entry.
-
-    It covers the job process's exit, the result's trip back, dispatch, fork and Hydra's
-    run_job set-up of the next job; in the batch variant also the wait for the batch's slowest.
-    """
-    gaps: list[float] = []
-    for slot in {job.slot for job in run.jobs}:
-        on_slot = sorted((j for j in run.jobs if j.slot == slot), key=lambda j: j.entered_at)
-        gaps += [b.entered_at - a.left_at for a, b in itertools.pairwise(on_slot)]
-    return gaps
 
 
 def last_slot_idle(run: Run) -> dict[str, float]:
     """Where the slot that finished last lost time: that idle time is what the makespan pays.
 
-    lead: first call to its first task entry; gaps: between its jobs; tail: its last task's
-    return to the result being back with the caller.
+    lead: first call to its first task entry; gaps: between its jobs (the job process's exit,
+    the result's trip back, dispatch, fork and Hydra's run_job set-up of the next job; in the
+    batch variant also the wait for the batch's slowest); tail: its last task's return to the
+    result being back with the caller.
     """
-    last = max(run.jobs, key=lambda j: j.left_at)
-    on_slot = sorted((j for j in run.jobs if j.slot == last.slot), key=lambda j: j.entered_at)
-    gaps = [b.entered_at - a.left_at for a, b in itertools.pairwise(on_slot)]
+    on_slot = on_last_slot(run.jobs)
     return {
         "jobs": len(on_slot),
-        "lead_s": round(on_slot[0].entered_at - run.began, 3),
-        "gaps_s": round(sum(gaps), 3),
-        "tail_s": round(run.ended - last.left_at, 3),
+        "lead_s": round(on_slot[0].started_at - run.began, 3),
+        "gaps_s": round(sum(slot_gaps(on_slot)), 3),
+        "tail_s": round(run.ended - on_slot[-1].ended_at, 3),
     }
 
 
 def summarize_run(run: Run, durations: Sequence[float], model: float) -> dict[str, Any]:
-    bound = lower_bound(durations)
-    gaps = slot_gaps(run)
-    first_entry = min(job.entered_at for job in run.jobs) - run.began
-    busy = sum(job.left_at - job.entered_at for job in run.jobs)
+    bound = lower_bound(durations, SLOTS)
+    first_entry = min(job.started_at for job in run.jobs) - run.began
     return {
         "makespan_s": round(run.makespan, 3),
         "over_lower_bound": round(run.makespan / bound, 4),
         "zero_overhead_model_s": round(model, 3),
         "over_model": round(run.makespan / model, 4),
-        "slot_busy_fraction": round(busy / (SLOTS * run.makespan), 4),
+        "slot_busy_fraction": round(task_seconds(run.jobs) / (SLOTS * run.makespan), 4),
         "first_task_entry_s": round(first_entry, 3),
-        "slot_gap_median_s": round(statistics.median(gaps), 3),
-        "slot_gap_max_s": round(max(gaps), 3),
-        "slots_used": sorted({job.slot for job in run.jobs}),
+        **gap_figures(slot_gaps(run.jobs)),
+        "slots_used": sorted({int(job.slot) for job in run.jobs}),
         "last_slot_idle": last_slot_idle(run),
         "all_submitted_s": None
         if run.all_submitted is None
@@ -223,12 +190,8 @@ def summarize_run(run: Run, durations: Sequence[float], model: float) -> dict[st
 
 
 def print_table(results: dict[str, Any]) -> None:
-    work = results["work"]
-    print(
-        f"\n{work['jobs']} jobs, {work['total_s']:.2f} s of work on {SLOTS} slots: lower bound "
-        f"{work['lower_bound_s']:.2f} s (fork server start {results['fork_server_start_s']:.2f} s,"
-        " not counted)"
-    )
+    start = results["fork_server_start_s"]
+    print_work(results["work"], SLOTS, f" (fork server start {start:.2f} s, not counted)")
     header = f"{'variant':<14}{'makespan s':>12}{'÷ bound':>10}{'model s':>10}{'÷ model':>10}"
     print(header + f"{'gap med s':>11}{'gap max s':>11}")
     for name, row in results["variants"].items():
@@ -256,23 +219,16 @@ def main() -> None:
     args = parser.parse_args()
     durations = draw_durations(args.jobs)
     variants: list[tuple[Callable[[FurcateLauncher, Sequence[float], int], Run], float]] = [
-        (run_async, list_schedule(durations)),
-        (run_async_window, list_schedule(durations)),
-        (run_batches, batch_schedule(durations)),
+        (run_async, list_schedule(durations, SLOTS)),
+        (run_async_window, list_schedule(durations, SLOTS)),
+        (run_batches, batch_schedule(durations, SLOTS)),
     ]
     if not args.no_one_launch:
-        variants.append((run_one_launch, list_schedule(durations)))
+        variants.append((run_one_launch, list_schedule(durations, SLOTS)))
     results: dict[str, Any] = {
         "machine": machine(),
         "goal_async_over_lower_bound": GOAL_RATIO,
-        "work": {
-            "jobs": len(durations),
-            "seed": 0,
-            "total_s": round(sum(durations), 3),
-            "longest_s": max(durations),
-            "lower_bound_s": round(lower_bound(durations), 3),
-            "durations_s": durations,
-        },
+        "work": work_figures(durations, SLOTS, seed=0),
         "variants": {},
     }
     with tempfile.TemporaryDirectory(prefix="furcate-bench-") as tmp:

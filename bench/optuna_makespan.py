@@ -35,22 +35,34 @@ ratio of at most 0.75. The modes take turns going first. Run: ``python bench/opt
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import OthersCpu, machine, publish
-from bench.makespan import SLOTS, batch_schedule, list_schedule, lower_bound
-from bench.sweeper_makespan import Job, batch_gaps, paired_ratio, slot_gaps
+from bench.commands import app_command, run_command
+from bench.harness import machine, publish
+from bench.makespan import SLOTS
+from bench.quiet import quiet_optuna
+from bench.timeline import (
+    Job,
+    batch_gaps,
+    batch_schedule,
+    first_start,
+    gap_figures,
+    job_from,
+    last_end,
+    list_schedule,
+    lower_bound,
+    paired_ratio,
+    read_timings,
+    slot_gaps,
+    span,
+    task_seconds,
+)
 
 APP = Path(__file__).resolve().parent / "apps" / "optuna_sleep_app.py"
 # Trials of seconds, not of the minutes real training takes, yet long enough that the ~8 s a
@@ -102,7 +114,7 @@ class Run:
 
     @property
     def sweep_s(self) -> float:
-        return max(j.ended_at for j in self.jobs) - min(j.started_at for j in self.jobs)
+        return span(self.jobs)
 
     @property
     def work(self) -> list[float]:
@@ -113,7 +125,7 @@ class Run:
 def read_trials(storage: str) -> list[Trial]:
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_optuna()
     study = optuna.load_study(study_name=STUDY, storage=storage)
     return [
         Trial(t.number, t.state.name, float(t.params["d"]), float(t.params["x"]))
@@ -127,15 +139,12 @@ def read_mlflow_runs(db: Path) -> dict[str, int]:
     return {str(status): int(count) for status, count in rows}
 
 
-def run_command(mode: str, extra: Sequence[str], trials: int, run_dir: Path) -> Run:
+def run_study(mode: str, extra: Sequence[str], trials: int, run_dir: Path) -> Run:
     """Run the study through the Hydra CLI; read each job's ``trial.json`` and the study."""
     run_dir.mkdir(parents=True)
     sweep_dir = run_dir / "sweep"
     storage = f"sqlite:///{run_dir / 'optuna.db'}"
-    command = [
-        sys.executable,
-        str(APP),
-        "-m",
+    overrides = [
         *COMMON_OVERRIDES,
         f"hydra.sweeper.n_trials={trials}",
         f"hydra.sweeper.storage={storage}",
@@ -144,20 +153,10 @@ def run_command(mode: str, extra: Sequence[str], trials: int, run_dir: Path) -> 
         *extra,
         *MODES[mode],
     ]
-    others = OthersCpu()
-    cpu_before = children_cpu_s()
-    began = time.time()
-    done = subprocess.run(command, cwd=run_dir, capture_output=True, text=True)
-    ended = time.time()
-    others_share = others.share(children_cpu_s() - cpu_before)
-    if done.returncode != 0:
-        raise RuntimeError(f"{mode} exited with {done.returncode}:\n{done.stderr[-3000:]}")
-    jobs, durations = [], {}
-    for path in sweep_dir.glob("*/trial.json"):
-        info = json.loads(path.read_text())
-        times = (info["entered_at"], info["started_at"], info["ended_at"])
-        jobs.append(Job(info["num"], str(info["slot"]), *times))
-        durations[info["num"]] = info["duration"]
+    done = run_command(app_command(APP, overrides), cwd=run_dir).check(mode)
+    timings = read_timings(sweep_dir, "trial.json").values()
+    jobs = [job_from(info) for info in timings]
+    durations = {info["num"]: info["duration"] for info in timings}
     study = read_trials(storage)
     if len(jobs) != trials or len(study) != trials:
         raise RuntimeError(f"{mode}: {len(jobs)} jobs wrote trial.json, {len(study)} trials")
@@ -167,7 +166,9 @@ def run_command(mode: str, extra: Sequence[str], trials: int, run_dir: Path) -> 
     if any(durations[t.number] != t.d for t in study):
         raise RuntimeError(f"{mode}: a job slept another duration than its trial's d")
     mlflow_runs = read_mlflow_runs(run_dir / "mlflow.db")
-    return Run(mode, began, ended, jobs, durations, study, mlflow_runs, others_share)
+    return Run(
+        mode, done.began, done.ended, jobs, durations, study, mlflow_runs, done.others_cpu_share
+    )
 
 
 def random_sequence(seed: int, trials: int) -> list[float]:
@@ -176,7 +177,7 @@ def random_sequence(seed: int, trials: int) -> list[float]:
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_optuna()
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
     space = {"d": CategoricalDistribution(DURATIONS), "x": FloatDistribution(0.0, 1.0)}
     sequence = []
@@ -195,7 +196,7 @@ def seed_context(
     used, against seeds 0 to ``seeds`` - 1."""
 
     def model_ratio(sequence: list[float]) -> float:
-        return list_schedule(sequence) / batch_schedule(sequence)
+        return list_schedule(sequence, SLOTS) / batch_schedule(sequence, SLOTS)
 
     ratios = [model_ratio(random_sequence(s, trials)) for s in range(seeds)]
     ours = [model_ratio(m) for m in measured]
@@ -216,17 +217,11 @@ def seed_context(
     }
 
 
-def children_cpu_s() -> float:
-    """CPU time of the commands run so far, with the fork servers and jobs they waited for."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def summarize_run(run: Run) -> dict[str, Any]:
-    bound = lower_bound(run.work)
-    model = list_schedule(run.work) if run.mode == "async" else batch_schedule(run.work)
-    busy = sum(j.ended_at - j.started_at for j in run.jobs)
-    gaps = slot_gaps(run.jobs)
+    bound = lower_bound(run.work, SLOTS)
+    schedule = list_schedule if run.mode == "async" else batch_schedule
+    model = schedule(run.work, SLOTS)
+    busy = task_seconds(run.jobs)
     figures: dict[str, Any] = {
         "wall_s": round(run.ended - run.began, 3),
         "sweep_s": round(run.sweep_s, 3),
@@ -240,10 +235,9 @@ def summarize_run(run: Run) -> dict[str, Any]:
         "idle_fraction": round(1 - busy / (SLOTS * run.sweep_s), 4),
         # the command's wall time as slot time: start-up and the end count as idle
         "idle_fraction_of_wall": round(1 - busy / (SLOTS * (run.ended - run.began)), 4),
-        "first_start_s": round(min(j.started_at for j in run.jobs) - run.began, 3),
-        "exit_after_last_end_s": round(run.ended - max(j.ended_at for j in run.jobs), 3),
-        "slot_gap_median_s": round(statistics.median(gaps), 3),
-        "slot_gap_max_s": round(max(gaps), 3),
+        "first_start_s": round(first_start(run.jobs) - run.began, 3),
+        "exit_after_last_end_s": round(run.ended - last_end(run.jobs), 3),
+        **gap_figures(slot_gaps(run.jobs)),
         "slots_used": len({j.slot for j in run.jobs}),
         "mlflow_runs": run.mlflow_runs,
         "others_cpu_share": run.others_cpu_share,
@@ -392,7 +386,7 @@ def main() -> None:
                 # much batching loses, so several draws say more than one
                 extra = sampler_overrides(sampler, args.seed + r)
                 for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # take turns
-                    run = run_command(mode, extra, args.trials, Path(tmp) / f"{r}-{sampler}-{mode}")
+                    run = run_study(mode, extra, args.trials, Path(tmp) / f"{r}-{sampler}-{mode}")
                     rounds[sampler][mode].append(summarize_run(run))
                     print(
                         f"round {r + 1} {sampler} {mode}: wall {run.ended - run.began:.2f} s, "

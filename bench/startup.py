@@ -33,25 +33,28 @@ on 2 cores; twice that with ``--before``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pstats
 import random
-import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.harness import OthersCpu, machine, publish
-from bench.makespan import list_schedule
-from bench.sweeper_makespan import Job, slot_gaps
+from bench.commands import app_command, empty_store, run_command
+from bench.harness import machine, publish
+from bench.timeline import (
+    Job,
+    first_start,
+    job_from,
+    list_schedule,
+    read_timings,
+    slot_gaps,
+    span,
+)
 
 T = TypeVar("T")
 
@@ -94,7 +97,7 @@ class Command:
         """The first job's start after the task module's imports (the launchers' own part)."""
         if self.imported_at is None:
             return None
-        return min(j.started_at for j in self.jobs) - self.imported_at
+        return first_start(self.jobs) - self.imported_at
 
     @property
     def wall_s(self) -> float:
@@ -102,12 +105,7 @@ class Command:
 
     @property
     def first_start_s(self) -> float:
-        return min(j.started_at for j in self.jobs) - self.began
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+        return first_start(self.jobs) - self.began
 
 
 def run_cli(
@@ -121,29 +119,23 @@ def run_cli(
     """Run ``app -m`` in ``run_dir`` (its store: ``run_dir/mlflow.db``), with furcate from
     ``code`` (a checkout) or this one; read the jobs' times."""
     sweep_dir = run_dir / sweep
-    command = [sys.executable, str(app), "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+    overrides = [*overrides, f"hydra.sweep.dir={sweep_dir}"]
+    done = run_command(app_command(app, overrides), cwd=run_dir, env=code_env(code))
+    done.check(" ".join(done.command))
+    timings = read_timings(sweep_dir, timing, pattern="**/{name}").values()
+    jobs = [job_from(info) for info in timings]
+    imported = [info.get("imported_at") for info in timings]
+    first = min(imported) if imported and None not in imported else None
+    return Command(done.began, done.ended, jobs, done.output, done.others_cpu_share, first)
+
+
+def code_env(code: str | None) -> dict[str, str]:
+    """This environment for a command with furcate from ``code`` (a checkout) or this one,
+    and the launcher's default store (MLflow's tracking URI unset)."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     if code is not None:
         env["PYTHONPATH"] = code
-    others, cpu = OthersCpu(), children_cpu_s()
-    began = time.time()
-    done = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True)
-    ended = time.time()
-    share = others.share(children_cpu_s() - cpu)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    jobs, imported = [], []
-    for path in sweep_dir.glob(f"**/{timing}"):
-        info = json.loads(path.read_text())
-        num = int(info.get("num", info.get("i", -1)))
-        jobs.append(Job(num, str(info["slot"]), info["started_at"], *_times(info)))
-        imported.append(info.get("imported_at"))
-    first = min(imported) if imported and None not in imported else None
-    return Command(began, ended, jobs, done.stdout + done.stderr, share, first)
-
-
-def _times(info: dict[str, Any]) -> tuple[float, float]:
-    return float(info["started_at"]), float(info["ended_at"])
+    return env
 
 
 def fresh_dir(root: Path, name: str, template: Path) -> Path:
@@ -152,16 +144,6 @@ def fresh_dir(root: Path, name: str, template: Path) -> Path:
     run_dir.mkdir(parents=True)
     shutil.copy(template, run_dir / "mlflow.db")
     return run_dir
-
-
-def make_template(root: Path) -> Path:
-    """An MLflow sqlite store with its schema made and no run, copied for every command."""
-    path = root / "template" / "mlflow.db"
-    path.parent.mkdir(parents=True)
-    code = "import sys; from mlflow.tracking import MlflowClient; "
-    code += "MlflowClient('sqlite:///' + sys.argv[1]).search_experiments()"
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True)
-    return path
 
 
 def rotated(names: Sequence[T], r: int) -> list[T]:
@@ -267,8 +249,8 @@ def optuna_round(root: Path, template: Path, r: int) -> dict[str, dict[str, Any]
             done = run_cli(SLEEP_APP, overrides, run_dir, "sweep", "sleep.json", code)
         if len(done.jobs) != TRIALS:
             raise RuntimeError(f"{name}: {len(done.jobs)} of {TRIALS} jobs ran")
-        sweep_s = max(j.ended_at for j in done.jobs) - min(j.started_at for j in done.jobs)
-        model = list_schedule(durations)
+        sweep_s = span(done.jobs)
+        model = list_schedule(durations, TRIAL_SLOTS)
         gaps = slot_gaps(done.jobs)
         out[name] = {
             "sweep_s": round(sweep_s, 3),
@@ -286,7 +268,7 @@ def optuna_round(root: Path, template: Path, r: int) -> dict[str, dict[str, Any]
 
 
 def _by_num(sweep_dir: Path, name: str, key: str) -> list[float]:
-    infos = [json.loads(p.read_text()) for p in sweep_dir.glob(f"**/{name}")]
+    infos = read_timings(sweep_dir, name, pattern="**/{name}").values()
     return [float(i[key]) for i in sorted(infos, key=lambda i: int(i["num"]))]
 
 
@@ -309,14 +291,10 @@ def profile(root: Path, template: Path) -> dict[str, Any]:
         for suffix, code in CODES.items():
             run_dir = fresh_dir(root, f"profile-{task}{suffix}", template)
             prof = run_dir / "launcher.prof"
-            command = [sys.executable, "-m", "cProfile", "-o", str(prof), str(app), "-m", "i=0,1"]
-            command.append(f"hydra.sweep.dir={run_dir / 'sweep'}")
-            env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-            if code is not None:
-                env["PYTHONPATH"] = code
-            began = time.time()
-            subprocess.run(command, cwd=run_dir, env=env, check=True, capture_output=True)
-            wall = time.time() - began
+            overrides = ["i=0,1", f"hydra.sweep.dir={run_dir / 'sweep'}"]
+            command = app_command(app, overrides, python=["-m", "cProfile", "-o", str(prof)])
+            done = run_command(command, cwd=run_dir, env=code_env(code))
+            wall = done.check(f"profile {task}{suffix}").ended - done.began
             out[f"{task}{suffix}"] = {"wall_s": round(wall, 3), "cumulative_s": top_items(prof)}
             print(f"profile {task}{suffix}: {wall:.2f} s under cProfile")
     return out
@@ -444,7 +422,7 @@ def main() -> None:
     figures: dict[str, Any] = {"rounds": args.rounds, "before": args.before}
     with tempfile.TemporaryDirectory(prefix="furcate-startup-") as tmp:
         root = Path(tmp)
-        template = make_template(root)
+        template = empty_store(root / "template" / "mlflow.db")
         for r in range(args.rounds):
             for part in parts:
                 rounds[part].append(measures[part](root, template, r))

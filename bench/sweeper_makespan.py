@@ -22,20 +22,36 @@ over rounds. Run: ``python bench/sweeper_makespan.py`` (~5 min with 3 rounds).
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.commands import app_command, run_command
 from bench.harness import machine, publish
-from bench.makespan import SLOTS, batch_schedule, draw_durations, list_schedule, lower_bound
+from bench.makespan import SLOTS, draw_durations
+from bench.timeline import (
+    Job,
+    batch_gaps,
+    batch_schedule,
+    first_start,
+    gap_figures,
+    handoffs,
+    job_from,
+    last_end,
+    list_schedule,
+    lower_bound,
+    on_last_slot,
+    paired_ratio,
+    print_work,
+    read_timings,
+    slot_gaps,
+    span,
+    task_seconds,
+    work_figures,
+)
 
 APP = Path(__file__).resolve().parent / "apps" / "sleep_app.py"
 COMMON_OVERRIDES = [
@@ -52,17 +68,6 @@ BATCHED = "batches of 4"  # its batch boundaries are reported as well
 
 
 @dataclass(frozen=True)
-class Job:
-    """One job as its task saw it (wall-clock times)."""
-
-    num: int
-    slot: str
-    entered_at: float  # the job process, after the fork
-    started_at: float  # the task, after Hydra's run_job set-up
-    ended_at: float
-
-
-@dataclass(frozen=True)
 class Run:
     """One command: when it was started and returned, and its jobs."""
 
@@ -73,73 +78,39 @@ class Run:
 
     @property
     def makespan(self) -> float:
-        return max(j.ended_at for j in self.jobs) - min(j.started_at for j in self.jobs)
+        return span(self.jobs)
 
 
-def run_command(variant: str, durations: Sequence[float], sweep_dir: Path) -> Run:
+def run_sweep(variant: str, durations: Sequence[float], sweep_dir: Path) -> Run:
     """Run the sweep through the Hydra CLI; read each job's ``sleep.json``."""
     listed = ",".join(str(d) for d in durations)
-    command = [
-        sys.executable,
-        str(APP),
-        "-m",
+    overrides = [
         f"i=range(0,{len(durations)})",
         f"durations=[{listed}]",
         f"hydra.sweep.dir={sweep_dir}",
         *COMMON_OVERRIDES,
         *VARIANTS[variant],
     ]
-    began = time.time()
-    done = subprocess.run(command, cwd=sweep_dir.parent, capture_output=True, text=True)
-    ended = time.time()
-    if done.returncode != 0:
-        raise RuntimeError(f"{variant} exited with {done.returncode}:\n{done.stderr[-3000:]}")
-    jobs = []
-    for path in sweep_dir.glob("*/sleep.json"):
-        info = json.loads(path.read_text())
-        if int(path.parent.name) != info["i"]:  # job numbers follow the sweep's order
-            raise RuntimeError(f"{variant}: job {path.parent.name} ran config i={info['i']}")
-        times = (info["entered_at"], info["started_at"], info["ended_at"])
-        jobs.append(Job(info["i"], str(info["slot"]), *times))
+    done = run_command(app_command(APP, overrides), cwd=sweep_dir.parent).check(variant)
+    timings = read_timings(sweep_dir, "sleep.json")
+    for job_dir, info in timings.items():  # job numbers follow the sweep's order
+        if int(job_dir.name) != info["i"]:
+            raise RuntimeError(f"{variant}: job {job_dir.name} ran config i={info['i']}")
+    jobs = [job_from(info) for info in timings.values()]
     if len(jobs) != len(durations):
         raise RuntimeError(f"{variant}: {len(jobs)} of {len(durations)} jobs wrote sleep.json")
-    return Run(variant, began, ended, jobs)
-
-
-def handoffs(jobs: Sequence[Job]) -> list[tuple[Job, Job]]:
-    """Consecutive jobs on each slot."""
-    pairs: list[tuple[Job, Job]] = []
-    for slot in {j.slot for j in jobs}:
-        on_slot = sorted((j for j in jobs if j.slot == slot), key=lambda j: j.started_at)
-        pairs += itertools.pairwise(on_slot)
-    return pairs
-
-
-def slot_gaps(jobs: Sequence[Job]) -> list[float]:
-    """Idle time of each slot between one task's end and its next task's start."""
-    return [b.started_at - a.ended_at for a, b in handoffs(jobs)]
-
-
-def batch_gaps(jobs: Sequence[Job], size: int) -> list[float]:
-    """Batches of ``size`` in job order: last task end of one to first task start of the next."""
-    batches = [sorted(jobs, key=lambda j: j.num)[i : i + size] for i in range(0, len(jobs), size)]
-    return [
-        min(j.started_at for j in b) - max(j.ended_at for j in a)
-        for a, b in itertools.pairwise(batches)
-    ]
+    return Run(variant, done.began, done.ended, jobs)
 
 
 def last_slot(run: Run) -> dict[str, float]:
     """Where the slot that finished last lost time: lead (after the first task started) and
     the gaps between its jobs are what the makespan pays beyond that slot's work."""
-    last = max(run.jobs, key=lambda j: j.ended_at)
-    on_slot = sorted((j for j in run.jobs if j.slot == last.slot), key=lambda j: j.started_at)
-    first = min(j.started_at for j in run.jobs)
+    on_slot = on_last_slot(run.jobs)
     return {
         "jobs": len(on_slot),
-        "lead_s": round(on_slot[0].started_at - first, 3),
+        "lead_s": round(on_slot[0].started_at - first_start(run.jobs), 3),
         "gaps_s": round(sum(slot_gaps(on_slot)), 3),
-        "work_s": round(sum(j.ended_at - j.started_at for j in on_slot), 3),
+        "work_s": round(task_seconds(on_slot), 3),
     }
 
 
@@ -151,10 +122,9 @@ def summarize_run(run: Run, bound: float, model: float) -> dict[str, Any]:
         "over_lower_bound": round(run.makespan / bound, 4),
         "over_model": round(run.makespan / model, 4),
         "wall_s": round(run.ended - run.began, 3),
-        "first_start_s": round(min(j.started_at for j in run.jobs) - run.began, 3),
-        "exit_after_last_end_s": round(run.ended - max(j.ended_at for j in run.jobs), 3),
-        "slot_gap_median_s": round(statistics.median(gaps), 3),
-        "slot_gap_max_s": round(max(gaps), 3),
+        "first_start_s": round(first_start(run.jobs) - run.began, 3),
+        "exit_after_last_end_s": round(run.ended - last_end(run.jobs), 3),
+        **gap_figures(gaps),
         "slots_used": len({j.slot for j in run.jobs}),
         "last_slot": last_slot(run),
         "gaps_s": [round(g, 4) for g in gaps],
@@ -184,8 +154,7 @@ def summarize_variant(rounds: list[dict[str, Any]], model: float) -> dict[str, A
         "wall_s": median("wall_s"),
         "first_start_s": median("first_start_s"),
         "exit_after_last_end_s": median("exit_after_last_end_s"),
-        "slot_gap_median_s": round(statistics.median(gaps), 3),
-        "slot_gap_max_s": round(max(gaps), 3),
+        **gap_figures(gaps),
         "gap_to_process_median_s": round(statistics.median(pooled("to_process_s")), 4),
         "gap_run_job_median_s": round(statistics.median(pooled("run_job_s")), 4),
         "rounds": [{k: v for k, v in r.items() if not isinstance(v, list)} for r in rounds],
@@ -196,21 +165,8 @@ def summarize_variant(rounds: list[dict[str, Any]], model: float) -> dict[str, A
     return figures
 
 
-def paired_ratio(
-    rounds: dict[str, list[dict[str, Any]]], a: str, b: str, key: str
-) -> dict[str, Any]:
-    """``key`` of ``a`` over ``b``, per round (the two ran in the same round) and the median."""
-    pairs = zip(rounds[a], rounds[b], strict=True)
-    per_round = [round(x[key] / y[key], 4) for x, y in pairs]
-    return {"per_round": per_round, "median": round(statistics.median(per_round), 4)}
-
-
 def show(figures: dict[str, Any]) -> None:
-    work = figures["work"]
-    print(
-        f"\n{work['jobs']} jobs, {work['total_s']:.2f} s of work on {SLOTS} slots: lower bound "
-        f"{work['lower_bound_s']:.2f} s; medians of {figures['rounds']} rounds"
-    )
+    print_work(figures["work"], SLOTS, f"; medians of {figures['rounds']} rounds")
     print(
         f"{'variant':<14}{'makespan s':>11}{'÷ bound':>9}{'÷ model':>9}{'wall s':>9}"
         f"{'1st start s':>12}{'gap med s':>10}{'gap max s':>10}"
@@ -253,31 +209,24 @@ def main() -> None:
         parser.error(f"--jobs must exceed {SLOTS} (two batches) and --rounds be at least 1")
     at_start = machine()
     durations = draw_durations(args.jobs)
-    bound = lower_bound(durations)
+    bound = lower_bound(durations, SLOTS)
     models = {
-        "furcate": list_schedule(durations),
-        "batches of 4": batch_schedule(durations),
-        "one batch": list_schedule(durations),
+        "furcate": list_schedule(durations, SLOTS),
+        "batches of 4": batch_schedule(durations, SLOTS),
+        "one batch": list_schedule(durations, SLOTS),
     }
     names = list(VARIANTS)
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="furcate-bench-") as tmp:
         for r in range(args.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:  # take turns first
-                run = run_command(name, durations, Path(tmp) / f"{r}-{name.replace(' ', '-')}")
+                run = run_sweep(name, durations, Path(tmp) / f"{r}-{name.replace(' ', '-')}")
                 rounds[name].append(summarize_run(run, bound, models[name]))
                 print(f"round {r + 1} {name}: makespan {run.makespan:.2f} s", flush=True)
     figures = {
         "rounds": args.rounds,
         "overrides": {name: COMMON_OVERRIDES + extra for name, extra in VARIANTS.items()},
-        "work": {
-            "jobs": len(durations),
-            "seed": 0,
-            "total_s": round(sum(durations), 3),
-            "longest_s": max(durations),
-            "lower_bound_s": round(bound, 3),
-            "durations_s": durations,
-        },
+        "work": work_figures(durations, SLOTS, seed=0),
         "variants": {name: summarize_variant(rounds[name], models[name]) for name in names},
         "ratios": {
             f"{what} furcate / {other}": paired_ratio(rounds, "furcate", other, key)
