@@ -194,7 +194,7 @@ def test_run_data_csv_is_rewritten_less_often_as_its_rewrite_grows() -> None:
     """While jobs stream in, run_data.csv is rewritten every 10 s, but never so often that
     rewriting it (which reads every row) takes more than 2 % of the launcher's time: at a
     fixed interval a sweep's cost per job grew with its length."""
-    from furcate_hydra.records.run_ledger import csv_due
+    from furcate_hydra.records.after_run import csv_due
 
     assert not csv_due(now=109.9, written_at=100.0, cost_s=0.05)
     assert csv_due(now=110.0, written_at=100.0, cost_s=0.05)  # a small sweep: every 10 s

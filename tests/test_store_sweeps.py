@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hydra.core.utils import JobStatus
 
-from furcate_hydra.records.run_ledger import sweep_run_name
+from furcate_hydra.records.before_run import sweep_run_name
 from furcate_hydra.store import Tags
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.process_helpers import killed_if_left, start_probe_sweep
