@@ -2,8 +2,8 @@
 
 launch(overrides...) ──► every job's dir and log inside the sweep dir? (check_batch_paths, before
                         the pool starts; job_dirs) ──► else refused, nothing runs
-                    ──► submit_batch: the first chunk fills the idle slots, later ones are
-                        composed and looked up while those jobs run
+                    ──► a SlotFeed submits it all: the first chunk fills the idle slots,
+                        later ones are composed and looked up while those jobs run
                     ──► wait_any until every job came back ──► JobReturns in input order
 """
 
@@ -17,7 +17,8 @@ from furcate_hydra.hydra_api.task_config import as_job
 from furcate_hydra.launching.compose import SweepComposer
 from furcate_hydra.launching.job_dirs import check_job_paths
 from furcate_hydra.launching.requested_jobs import job_config, job_name
-from furcate_hydra.launching.streaming import LOOKUP_CHUNK, JobRequest
+from furcate_hydra.launching.slot_feed import FeedPace, JobSource, SlotFeed
+from furcate_hydra.launching.streaming import JobRequest, JobRun
 
 if TYPE_CHECKING:
     from hydra.core.utils import JobReturn
@@ -53,20 +54,46 @@ def launch(
     session: LaunchSession, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> list[JobReturn]:
     """Hydra's ``Launcher.launch``: submit every job, return JobReturns in input order."""
-    requests = [JobRequest(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+    batch = _Batch([JobRequest(o, initial_job_idx + i) for i, o in enumerate(job_overrides)])
     with session.streaming():
-        slots = session.executor.slot_count
-        log.info("Launching %d jobs on %d slots", len(requests), slots)
-        keys: list[str] = []
-        returns: dict[str, JobReturn] = {}
+        log.info("Launching %d jobs on %d slots", len(batch.requests), session.executor.slot_count)
         # The first chunk fills the idle slots at once; later ones are composed and looked
         # up while those jobs run.
-        chunk = max(session.idle_slots, 1)
-        while requests:
-            keys += [job.key for job in session.submit_batch(requests[:chunk])]
-            requests = requests[chunk:]
-            chunk = LOOKUP_CHUNK
-            returns.update(session.wait_any(timeout=0))
-        while len(returns) < len(keys):
-            returns.update(session.wait_any())
-    return [returns[key] for key in keys]
+        pace = FeedPace(slots=max(session.idle_slots, 1), ahead=None)
+        SlotFeed(_SessionTarget(session), batch, pace).run()
+    return [batch.returns[i] for i in range(len(batch.requests))]
+
+
+class _Batch(JobSource[int]):
+    """A ``launch()`` batch as a feed's source: each job is its index in the batch."""
+
+    def __init__(self, requests: list[JobRequest]) -> None:
+        self.requests = requests
+        self.returns: dict[int, JobReturn] = {}
+        self._next = 0
+
+    def has_more(self) -> bool:
+        return self._next < len(self.requests)
+
+    def take(self, count: int) -> list[tuple[JobRequest, int]]:
+        first, self._next = self._next, min(self._next + count, len(self.requests))
+        return [(self.requests[i], i) for i in range(first, self._next)]
+
+    def ended(self, item: int, key: str, job_return: JobReturn) -> None:
+        self.returns[item] = job_return
+
+
+class _SessionTarget:
+    """The session as a feed drives it: ``submit_batch`` hands back the jobs' keys."""
+
+    def __init__(self, session: LaunchSession) -> None:
+        self.session = session
+
+    def submit_batch(self, jobs: Sequence[JobRequest]) -> list[str]:
+        return [job.key for job in self.session.submit_batch(jobs)]
+
+    def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
+        return self.session.wait_any(timeout)
+
+    def job_run(self, key: str) -> JobRun:
+        return self.session.job_run(key)
