@@ -16,7 +16,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from furcate_hydra.hydra_api.options import OptionError
 from furcate_hydra.layout import SweepPaths
-from hydra_plugins.furcate_optuna_sweeper._core import StudySweep
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 from hydra_plugins.furcate_optuna_sweeper._outcome import read_outcome
 from hydra_plugins.furcate_optuna_sweeper._study import (
@@ -29,6 +28,7 @@ from hydra_plugins.furcate_optuna_sweeper._study import (
     study_storage,
     sweeper_identity,
 )
+from hydra_plugins.furcate_optuna_sweeper._study_sweep import StudySweep
 from hydra_plugins.furcate_optuna_sweeper.furcate_optuna_sweeper import FurcateOptunaSweeper
 from tests.store_helpers import exited_launcher
 
