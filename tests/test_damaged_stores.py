@@ -12,7 +12,9 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import subprocess
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from tests.conftest import run_optuna_study, run_probe_sweep
 from tests.sweeper_helpers import ran_jobs
 
 PAGE = 4096  # MLflow's stores use sqlite's default page size
+CODE = (".py", ".pyc", ".so")  # what an import opens
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,25 @@ def recorded_store(tmp_path_factory: pytest.TempPathFactory, empty_mlflow_db: Pa
         connection.execute("PRAGMA journal_mode=WAL")
     connection.close()
     return store
+
+
+@contextmanager
+def files_opened() -> Iterator[list[str]]:
+    """The files the block opens, as a file or as a sqlite database, by any call path: Python's
+    audit events (PEP 578) tell every open. Modules imported meanwhile are left out."""
+    opened: list[str] = []
+    watching = [True]  # an audit hook cannot be removed: it goes quiet after the block
+
+    def hook(event: str, args: tuple[object, ...]) -> None:
+        name = str(args[0]) if args else ""
+        if watching[0] and event in ("open", "sqlite3.connect") and not name.endswith(CODE):
+            opened.append(f"{event} {name}")
+
+    sys.addaudithook(hook)
+    try:
+        yield opened
+    finally:
+        watching[0] = False
 
 
 def integrity_problems(path: Path) -> str:
@@ -220,7 +242,9 @@ def test_a_damaged_optuna_storage_stops_the_sweep_before_any_trial(tmp_path: Pat
     "url", ["postgresql://u@db/optuna", "sqlite:///:memory:", "sqlite://", "not a url"]
 )
 def test_storages_without_a_file_are_not_checked(url: str) -> None:
-    check_sqlite_storage(url, "hydra.sweeper.storage")
+    with files_opened() as opened:
+        check_sqlite_storage(url, "hydra.sweeper.storage")
+    assert opened == []
 
 
 def test_a_damaged_sqlite_storage_is_named_with_its_key(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra.hydra_api.options import OptionError
-from furcate_hydra.launching.job_dirs import check_job_paths
+from furcate_hydra.launching.job_dirs import check_job_paths, job_output_dir
 from tests.conftest import APPS, run_cli
 from tests.store_helpers import all_runs
 
@@ -35,6 +35,15 @@ def job_config(subdir: str, name: str = "train", **hydra: object) -> DictConfig:
     return OmegaConf.create(config)
 
 
+def refusal(config: DictConfig, sweep_dir: str | Path) -> OptionError | None:
+    """The error ``check_job_paths`` raises for job #3 of ``config``, None where it passes."""
+    try:
+        check_job_paths(config, sweep_dir, "job #3")
+    except OptionError as error:
+        return error
+    return None
+
+
 @pytest.mark.parametrize(
     "subdir",
     [
@@ -46,7 +55,7 @@ def job_config(subdir: str, name: str = "train", **hydra: object) -> DictConfig:
     ],
 )
 def test_job_dirs_inside_the_sweep_dir_pass(subdir: str) -> None:
-    check_job_paths(job_config(subdir), SWEEP, "job #3")
+    assert refusal(job_config(subdir), SWEEP) is None
 
 
 @pytest.mark.parametrize(
@@ -112,7 +121,10 @@ def test_a_symlink_in_the_sweep_dir_is_followed(tmp_path: Path) -> None:
     sweep.mkdir()
     (sweep / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     config = job_config("", sweep={"dir": str(sweep), "subdir": "link/${hydra.job.num}"})
-    check_job_paths(config, sweep, "job #3")
+    job_dir = Path(job_output_dir(config))
+    assert job_dir == sweep / "link" / "3"
+    assert not job_dir.resolve().is_relative_to(sweep.resolve())  # where it really lands: outside
+    assert refusal(config, sweep) is None
 
 
 # -- the real CLI ------------------------------------------------------------------------

@@ -534,10 +534,12 @@ def test_a_mode_is_read_as_yaml_writes_it(value: object, mode: str) -> None:
 def test_a_bad_mode_names_the_key_the_value_and_the_three_modes(value: object) -> None:
     with pytest.raises(FurcateConfigError) as raised:
         check_mps_mode(value)
-    assert (raised.value.key, raised.value.value) == (KEY, value)
-    assert all(f"{KEY}={mode}" in raised.value.fix or mode in raised.value.fix
-               for mode in ("auto", "on", "off"))  # fmt: skip
-    assert "must be one of auto, on, off" in raised.value.problem
+    error = raised.value
+    assert (error.key, error.value) == (KEY, value)
+    assert str(error).startswith(f"Invalid {KEY}={value!r}: must be one of auto, on, off. Fix: ")
+    # each mode as a value to set, with what it does ("daemon" alone would hold "on")
+    assert error.fix.startswith(f"set {KEY}=auto (start an MPS daemon where GPUs run several")
+    assert "), on (always; an error where it cannot) or off (never)" in error.fix
 
 
 def test_the_fault_scan_reports_each_fault_once_naming_the_gpu(tmp_path: Path) -> None:

@@ -113,10 +113,26 @@ def test_stores_furcate_cannot_query_are_refused(uri: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "uri", ["postgresql://u@db/mlflow", "mysql+pymysql://u@db/m", "databricks", "databricks://p"]
+    "uri",
+    ["postgresql://u@{at}/mlflow", "mysql+pymysql://u@{at}/m", "databricks", "databricks://p"],
 )
-def test_other_database_stores_are_not_contacted(uri: str) -> None:
-    check_tracking_uri(TrackingUri(uri, URI_KEY))
+def test_other_database_stores_are_not_contacted(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as listening:  # where each store's address points: it counts callers
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        at = f"127.0.0.1:{listening.getsockname()[1]}"
+        # Databricks's address comes from the environment, or from a profile's config file
+        config = tmp_path / "databrickscfg"
+        config.write_text(f"[p]\nhost = http://{at}\ntoken = t\n")
+        monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(config))
+        monkeypatch.setenv("DATABRICKS_HOST", f"http://{at}")
+        monkeypatch.setenv("DATABRICKS_TOKEN", "t")
+        check_tracking_uri(TrackingUri(uri.format(at=at), URI_KEY))
+        listening.setblocking(False)
+        with pytest.raises(BlockingIOError):  # a connection made would wait to be accepted
+            listening.accept()
 
 
 def test_a_closed_port_fails_fast() -> None:
