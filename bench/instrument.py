@@ -24,7 +24,8 @@ __all__ = ["REQUIRED", "JobTimes", "Timers", "cpu_seconds", "instrument"]
 # The methods timed, per object the session holds (its attribute path from the session); each
 # is labelled ``<last attribute>.<method>``: ``composer.compose``, ``client.set_tag``.
 TARGETS: dict[str, tuple[str, ...]] = {
-    "session": ("submit_batch", "_compose", "refresh_context", "wait_any", "finished"),
+    "session": ("submit_batch", "refresh_context", "wait_any"),
+    "session.handler": ("compose", "finished"),
     "session.composer": ("compose", "_hydra", "_shortcut"),
     "session.ledger": ("prepare", "claim", "open", "started", "record", "flush"),
     "session.ledger.store": (

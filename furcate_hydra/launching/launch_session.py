@@ -1,15 +1,21 @@
-"""The furcate launcher's session: Hydra's side of the scheduler (``furcate_hydra.scheduling``).
+"""The furcate launcher's session: what a sweep runs on, started, warmed up and stopped.
 
-submit_batch(requests) ──► compose each job's config here (SweepComposer, job num/id): a Job
+submit_batch(requests) ──► compose each job's config (JobHandler: SweepComposer, job num/id)
                        ──► the scheduler: the run ledger decides (skip / resume / run), claims, and
                            the jobs to run go to the executor
                        ──► the first job that is not skipped warms the session up (warm_up): the
                            fork server (a fork of this process), then MLflow opens the store; a
                            sweep whose every job is skipped starts neither
 wait_any ──► the scheduler's results: JobReturns (the task's own, or built for a job that did
-             not run to a report), each recorded (run ledger: run's final status, return value,
-             artifacts, run data) and counted in the summary and the progress view
-streaming() ──► Hydra's logging, the sweep dir; the summary and the stream's counts at its end
+             not run to a report), each recorded by the handler (run ledger: run's final
+             status, return value, artifacts, run data) and counted in the summary and the
+             progress view
+streaming() ──► Hydra's logging, the sweep dir; the summary and the stream's counts at its end;
+                on Ctrl-C or SIGTERM (or Slurm's time limit) every job stopped and recorded
+close() ──► the executor stopped, jobs still running recorded KILLED, the sweep's final state
+
+What becomes of each job (its JobReturn, its record, the summary) is the scheduler's handler's
+(``launching.job_handler``); the session plans, starts and stops what it runs on.
 """
 
 from __future__ import annotations
@@ -21,56 +27,40 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from hydra.core.utils import JobReturn, JobStatus, configure_log
+from hydra.core.utils import JobReturn, configure_log
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from furcate_hydra import env_vars
 from furcate_hydra.errors import ExecutorBrokenError, FurcateConfigError
 from furcate_hydra.execution import interrupts
-from furcate_hydra.execution.executor import EventKind, JobEvent
 from furcate_hydra.execution.job import Job
 from furcate_hydra.hydra_api.options import as_option_error
-from furcate_hydra.hydra_api.task_config import as_job, task_container
-from furcate_hydra.job_process.job_context import (
-    HydraJobContext,
-    context_blob,
-    fork_context,
-    job_payload,
-)
-from furcate_hydra.job_process.rank_processes import launch_env
+from furcate_hydra.job_process.job_context import HydraJobContext, context_blob, fork_context
 from furcate_hydra.launching.backends import gpu_packing, plan_for, start_executor
 from furcate_hydra.launching.compose import SweepComposer
-from furcate_hydra.launching.job_dirs import check_job_name, check_job_paths, job_output_dir
+from furcate_hydra.launching.job_dirs import check_job_name
+from furcate_hydra.launching.job_handler import JobHandler, jobs_env
 from furcate_hydra.launching.launcher_options import LauncherOptions
-from furcate_hydra.launching.requested_jobs import job_config, job_label, job_name
 from furcate_hydra.launching.session_view import SessionView, log_interrupted, log_stream_counts
 from furcate_hydra.launching.streaming import JobRequest, JobRun
-from furcate_hydra.layout import JobPaths
-from furcate_hydra.records.job_returns import error_text, how_it_ended, to_job_return
 from furcate_hydra.records.run_ledger import RunLedger
 from furcate_hydra.records.task_code import task_code_version
 from furcate_hydra.scheduling import Scheduler
 from furcate_hydra.slurm.session import SlurmSession
-from furcate_hydra.store.trace_log import TraceLog
-from furcate_hydra.tracing import ResourceTracer, TracePeaks
-from furcate_hydra.tracing.packing_watch import PackingWatch
+from furcate_hydra.tracing import ResourceTracer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LaunchSession", "start_tracer"]
-
-# Seconds between a job's progress writes under jobs_per_gpu=auto, whose steps/s they give.
-AUTO_PROGRESS_EVERY_S = 1.0
+__all__ = ["LaunchSession"]
 
 
 class LaunchSession:
     """An executor plus the Hydra context: overrides become jobs, finished jobs JobReturns.
 
     Lives as long as its launcher, so a sweeper calling ``launch`` batch after batch (or using
-    ``submit_batch``/``wait_any``) keeps one warm pool. What runs when is its scheduler's; the
-    session is the scheduler's handler: it composes jobs, turns them into JobReturns, records
-    them, and keeps the summary and the view.
+    ``submit_batch``/``wait_any``) keeps one warm pool. What runs when is its scheduler's; what
+    becomes of each job is its handler's (``JobHandler``); the session starts, warms up and
+    stops what they use, and answers the sweeper.
     """
 
     def __init__(
@@ -109,22 +99,21 @@ class LaunchSession:
         self.executor = start_executor(
             plan, self._context, options, output, self._fork_context, self.packing, sweep_dir
         )
-        self.executor.add_listener(self.shown.tally.on_event)
-        self.executor.add_listener(self._on_event)
-        # started with the first job that runs (warm_up): its thread would keep the fork
-        # server from being a fork, its MLflow client would load MLflow for a rerun
-        self._trace_interval_s = options.trace_interval_s
-        self.tracer: ResourceTracer | None = None
-        self.watch: PackingWatch | None = None  # jobs_per_gpu=auto's readings, from warm_up
+        self._trace_interval_s = options.trace_interval_s  # the trace starts in warm_up
         self.fail_fast = options.fail_fast
-        self.scheduler: Scheduler[JobReturn] = Scheduler(
-            self.executor, self.ledger, self, options.fail_fast
+        self.handler = JobHandler(
+            self.executor,
+            self.ledger,
+            self.shown,
+            composer or SweepComposer(hydra_context, config),
+            jobs_env(options, self.packing),
+            self.packing,
+            options.fail_fast,
+            self.warm_up,
         )
-        self._job_env = options.training.job_env()  # every job's, before its own
-        self._job_env.update(launch_env())  # how the app was started: for DDP's other ranks
-        if self.packing is not None and self.packing.grows:  # auto reads steps/s from them
-            self._job_env[env_vars.PROGRESS_EVERY_S] = repr(AUTO_PROGRESS_EVERY_S)
-        self.composer = composer or SweepComposer(hydra_context, config)
+        self.scheduler: Scheduler[JobReturn] = self.handler.scheduler
+        self.executor.add_listener(self.shown.tally.on_event)
+        self.executor.add_listener(self.handler.on_event)
         self.in_stream = False  # inside streaming(): the summary is written when it ends
         self._closed = False
 
@@ -163,7 +152,7 @@ class LaunchSession:
         claim). Jobs already recorded as FINISHED are not run: their JobReturns, carrying the
         recorded return value, come out of the next ``wait_any``. Jobs whose config another
         launcher holds come out once it ended there, with its outcome."""
-        jobs = [self._compose(request) for request in requests]
+        jobs = [self.handler.compose(request) for request in requests]
         self.scheduler.submit(jobs)
         return jobs
 
@@ -186,9 +175,7 @@ class LaunchSession:
             self.executor.start()  # with hydra.launcher.mps=on, an error where MPS cannot run
             self.ledger.open_store()
             self.executor.wait_ready()
-            self.tracer = start_tracer(self._trace_interval_s, self.ledger.tracking_uri)
-            if self.packing is not None and self.packing.grows:
-                self.watch = PackingWatch(self.packing, self.packing.budgets())
+            self.handler.start_tracing(self._trace_interval_s)
         except KeyboardInterrupt:
             log.warning("furcate: interrupted while starting; no job ran")
             raise SystemExit(128 + (interrupts.received() or signal.SIGINT)) from None
@@ -196,9 +183,6 @@ class LaunchSession:
             raise as_option_error(exc) from None
         self._warm = True
         return True
-
-    def start_view(self) -> None:
-        self.shown.start()
 
     def job_run(self, key: str) -> JobRun:
         """A submitted job's MLflow run: its own, or the one it waits for elsewhere."""
@@ -217,6 +201,15 @@ class LaunchSession:
         self.shown.pruned(row, epoch)
         if not self.in_stream:
             self.shown.write_summary(console=False)
+
+    @property
+    def composer(self) -> SweepComposer:
+        return self.handler.composer
+
+    @property
+    def tracer(self) -> ResourceTracer | None:
+        """The jobs' resource trace, from warm_up; None when off."""
+        return self.handler.tracer
 
     @property
     def idle_slots(self) -> int:
@@ -247,7 +240,7 @@ class LaunchSession:
         counts = self.scheduler.new_stream()
         self.in_stream = True
         try:
-            yield  # the view starts with the first job that runs (start_view)
+            yield  # the view starts with the first job that runs (the handler's start_view)
             self.shown.stop()
             self.ledger.flush()
             self.shown.summary.pruned(self.shown.tally.snapshot().pruned)
@@ -285,103 +278,10 @@ class LaunchSession:
         self._closed = True
         self.shown.stop()
         self.executor.close()
-        held = self.scheduler.give_up()
-        self.shown.stopped(held)  # the summary counts what the interrupt stopped
-        peaks = {job.key: self._end_trace(job.key) for job in held}
-        if self.watch is not None:
-            self.watch.close()
-        if self.tracer is not None:
-            self.tracer.close()  # the last metrics and plots, before the store closes
+        held, peaks = self.handler.give_up()
         self.ledger.close(interrupted, held, peaks, preempted)
         interrupts.restore()
         return len(held)
-
-    def _on_event(self, event: JobEvent) -> None:
-        if self.packing is not None and event.kind is not EventKind.PROGRESS:
-            self.shown.show_packing(self.packing)
-        if self.watch is not None and event.kind is not EventKind.PROGRESS:
-            self._watch(event)
-        if event.kind is EventKind.STARTED:
-            job = event.job
-            self.ledger.started(job)
-            # the tracer reads this machine's processes: a job on a Ray node has a pid there
-            if self.tracer is not None and job.pid is not None and job.node is None:
-                self.tracer.start(
-                    job.key,
-                    job.pid,
-                    job.started_at or event.at,
-                    device=job.slot.device if job.slot is not None else None,
-                    paths=job.paths,
-                    run_id=job.run_id,
-                    title=f"job {job.name}",
-                )
-        elif event.kind is EventKind.PREEMPTED:
-            self.shown.summary.preempted()
-            self.ledger.preempted(event.job)
-        elif event.kind is EventKind.ENDED and self.fail_fast and not self.scheduler.stopped_by:
-            job = event.job
-            job_return = to_job_return(job)
-            if job_return.status is not JobStatus.COMPLETED:
-                how = how_it_ended(job, error_text(job, job_return))
-                if how != "not started":
-                    self.scheduler.ended_badly(job, how)
-
-    def _watch(self, event: JobEvent) -> None:
-        """Tell jobs_per_gpu=auto's watch that a job's process runs on a GPU, or not."""
-        assert self.watch is not None
-        job = event.job
-        device = job.slot.device if job.slot is not None else None
-        if event.kind is EventKind.STARTED and job.pid is not None and device is not None:
-            self.watch.start(job.key, job.pid, device, job.paths.progress)
-        elif event.kind is not EventKind.STARTED:
-            self.watch.end(job.key)  # it ended, or is queued again
-
-    def _end_trace(self, key: str) -> TracePeaks | None:
-        return self.tracer.end(key) if self.tracer is not None else None
-
-    def _compose(self, request: JobRequest) -> Job:
-        num = request.num
-        sweep_config = job_config(self.composer, request)
-        with as_job(sweep_config):
-            check_job_paths(sweep_config, self.ledger.sweep.sweep_dir, job_name(request))
-            paths = JobPaths.of(job_output_dir(sweep_config))
-            task = task_container(sweep_config)
-        return Job(
-            key=str(num),
-            num=num,
-            overrides=tuple(request.overrides),
-            label=job_label(request),
-            paths=paths,
-            env={**self._job_env, **request.env},
-            config=sweep_config,
-            task_config=task,
-        )
-
-    # -- the scheduler's handler ----------------------------------------------------------
-
-    def submitting(self, job: Job) -> None:
-        job.payload = job_payload(job.config)
-        self.shown.tally.submitted()  # before submit: the executor may start it at once
-
-    def not_run(self, job: Job, result: JobReturn) -> None:
-        self._stop_if_failed(job, self.shown.not_run(job, result))
-
-    def finished(self, job: Job) -> JobReturn:
-        peaks = self._end_trace(job.key)
-        job_return = to_job_return(job)
-        self.ledger.record(job, job_return, peaks)
-        self._stop_if_failed(job, self.shown.finished(job, job_return, peaks))
-        return job_return
-
-    def not_started(self, job: Job) -> JobReturn:
-        job_return = to_job_return(job)
-        self.shown.tally.finished(False)
-        self._stop_if_failed(job, self.shown.did_not_finish(job, job_return))
-        return job_return
-
-    def _stop_if_failed(self, job: Job, how: str | None) -> None:
-        if how is not None and how != "not started":
-            self.scheduler.failed(job, how)
 
     def _fork_context(self) -> HydraJobContext | None:
         return fork_context(self.task_function, self.hydra_context)
@@ -405,12 +305,3 @@ def log_preempted(slurm: SlurmSession, stopped: int, requeued: bool) -> None:
         "" if stopped == 1 else "s",
         then,
     )
-
-
-def start_tracer(interval_s: float, tracking_uri: str | None) -> ResourceTracer | None:
-    """The resource trace of the session's jobs, into their runs when recording; None when
-    ``hydra.launcher.trace_interval_s`` is 0."""
-    if interval_s <= 0:
-        return None
-    sink = TraceLog(tracking_uri) if tracking_uri else None
-    return ResourceTracer(interval_s, sink)
