@@ -65,11 +65,13 @@ def run_command(
     timeout_s: float | None = None,
     log: Path | None = None,
     on_start: Callable[[int], None] | None = None,
+    own_session: bool = False,
 ) -> Finished:
     """Run ``command`` to its end and capture its output (into ``log``, stderr merged, where
-    given); ``on_start`` gets its pid. Past ``timeout_s`` it is stopped as a user would stop it
-    (Ctrl-C: the launcher stops its jobs; a kill ``STOP_GRACE_S`` later), as on a Ctrl-C of the
-    benchmark: in a session of its own, the command does not get that one itself."""
+    given); ``on_start`` gets its pid. Past ``timeout_s`` it is killed, or, with
+    ``own_session``, stopped as a user would stop it (Ctrl-C: the launcher stops its jobs and
+    its MPS daemon; a kill ``STOP_GRACE_S`` later), as on a Ctrl-C of the benchmark, which a
+    command in a session of its own does not get itself."""
     others, cpu_before = OthersCpu(), children_cpu_s()
     output = open(log, "wb") if log is not None else None  # noqa: SIM115 (closed below)
     began, clock = time.time(), time.perf_counter()
@@ -78,10 +80,10 @@ def run_command(
             list(command),
             cwd=cwd,
             env=None if env is None else dict(env),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if own_session else None,
             stdout=output or subprocess.PIPE,
             stderr=subprocess.STDOUT if output else subprocess.PIPE,
-            start_new_session=True,
+            start_new_session=own_session,
         )
         if on_start is not None:
             on_start(process.pid)
@@ -90,11 +92,11 @@ def run_command(
             stdout, stderr = process.communicate(timeout=timeout_s)
             returncode = process.returncode
         except subprocess.TimeoutExpired:
-            _stop(process)
+            _stop(process, own_session)
             stdout, stderr = process.communicate()
             returncode = None
         except KeyboardInterrupt:
-            _stop(process)
+            _stop(process, own_session)
             raise
     finally:
         if output is not None:
@@ -112,7 +114,11 @@ def run_command(
     )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def _stop(process: subprocess.Popen[bytes], own_session: bool) -> None:
+    if not own_session:  # as subprocess.run does; a Ctrl-C has reached the command as well
+        process.kill()
+        process.wait()
+        return
     os.killpg(process.pid, signal.SIGINT)
     try:
         process.wait(STOP_GRACE_S)

@@ -25,13 +25,11 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from bench.commands import app_command, run_command
 from bench.harness import machine, publish
 
 APP = Path(__file__).resolve().parent / "apps" / "ddp_bench_app.py"
@@ -44,13 +42,11 @@ LAUNCHERS = {
 
 def _sweep(strategy: str, launcher: str, root: Path) -> dict[str, Any]:
     sweep = root / f"{strategy}-{launcher}"
-    command = [sys.executable, str(APP), "-m", f"lr={','.join(RATES)}", f"strategy={strategy}"]
-    command += [f"hydra.sweep.dir={sweep}", *LAUNCHERS[launcher]]
-    began = time.time()
-    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600)
-    wall = time.time() - began
+    overrides = [f"lr={','.join(RATES)}", f"strategy={strategy}", f"hydra.sweep.dir={sweep}"]
+    done = run_command(app_command(APP, [*overrides, *LAUNCHERS[launcher]]), root, timeout_s=600)
+    began, wall = done.began, done.ended - done.began
     if done.returncode != 0:
-        return {"failed": (done.stdout + done.stderr)[-2000:], "wall_s": round(wall, 2)}
+        return {"failed": done.output[-2000:], "wall_s": round(wall, 2)}
     rows = [
         json.loads(line)
         for path in sweep.rglob("ranks.jsonl")

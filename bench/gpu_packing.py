@@ -62,16 +62,15 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from bench.commands import app_command, run_command
 from bench.harness import RESULTS_DIR, machine
 from bench.sweep_reading import (
     at_a_time,
@@ -229,54 +228,25 @@ def run_case(case: Case, s: Settings, root: Path, left_s: float) -> dict[str, An
     where = root / case.name
     where.mkdir(parents=True)
     limit = max(1.0, min(case.limit_s, left_s - DRAIN_S))
-    began = time.time()
-    command = [sys.executable, str(APP), "-m", *overrides(case, s, where, began + limit)]
+    command = app_command(APP, overrides(case, s, where, time.time() + limit))
     log = where / "command.log"
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            command,
-            cwd=where,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-        code = wait_or_stop(process, limit + DRAIN_S)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # past its deadline and the drain the sweep is stopped as a user would (Ctrl-C: the
+    # launcher stops its jobs and its MPS daemon); a Ctrl-C of the bench stops it the same way
+    done = run_command(
+        command, cwd=where, env=env, timeout_s=limit + DRAIN_S, log=log, own_session=True
+    )
     figures: dict[str, Any] = {
         "case": asdict(case) | {"barrier": case.barrier},
         "command": command[1:],
-        "returncode": code,
-        "timed_out": code is None,
-        "wall_s": round(time.time() - began, 2),
+        "returncode": done.returncode,
+        "timed_out": done.returncode is None,
+        "wall_s": round(done.ended - done.began, 2),
         **read_case(where / "sweep", case),
     }
-    if code != 0:
+    if done.returncode != 0:
         figures["log_tail"] = log.read_text(errors="replace")[-4000:]
     return figures
-
-
-def wait_or_stop(process: subprocess.Popen[bytes], timeout: float) -> int | None:
-    """The exit code; None where the sweep outran ``timeout`` and was stopped (Ctrl-C, as a
-    user would: the launcher stops its jobs and its MPS daemon; a kill 30 s later). A Ctrl-C
-    of the bench stops the sweep (in a session of its own, it does not get it) the same way."""
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        stop(process)
-        return None
-    except KeyboardInterrupt:
-        stop(process)
-        raise
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    os.killpg(process.pid, signal.SIGINT)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def read_case(sweep_dir: Path, case: Case) -> dict[str, Any]:

@@ -31,19 +31,15 @@ import argparse
 import csv
 import json
 import os
-import resource
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import OthersCpu, machine, publish
+from bench.commands import ROOT, app_command, empty_store, run_command
+from bench.harness import machine, publish
 
-ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "bench" / "apps" / "trivial_app.py"
 VARIANTS: dict[str, list[str]] = {
     "furcate": ["hydra/sweeper=furcate"],
@@ -55,14 +51,13 @@ COMMON = [
 ]
 
 
-def empty_store(directory: Path) -> Path:
-    """An initialised MLflow sqlite store, made once and copied for each run."""
-    from mlflow.tracking import MlflowClient
-
-    path = directory / "template.db"
-    if not path.exists():
-        MlflowClient(f"sqlite:///{path}").search_experiments()
-    return path
+def sweep_env(store: Path) -> dict[str, str]:
+    """This environment for a sweep of the bench's app recording into ``store``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
+    }
 
 
 def run_sweep(variant: str, jobs: int, template: Path, trace: bool) -> dict[str, Any]:
@@ -72,10 +67,7 @@ def run_sweep(variant: str, jobs: int, template: Path, trace: bool) -> dict[str,
         store = work / "mlflow.db"
         shutil.copyfile(template, store)
         report = work / "memory.json"
-        command = [
-            sys.executable,
-            str(APP),
-            "-m",
+        overrides = [
             f"i=range(0,{jobs})",
             f"hydra.sweep.dir={work / 'sweep'}",
             *COMMON,
@@ -83,30 +75,16 @@ def run_sweep(variant: str, jobs: int, template: Path, trace: bool) -> dict[str,
             f"+hydra.callbacks.memory_probe.trace={str(trace).lower()}",
             *VARIANTS[variant],
         ]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
-        }
-        began, others = time.perf_counter(), OthersCpu()
-        own_before = _children_cpu_s()
-        done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - began
-        others_share = others.share(_children_cpu_s() - own_before)
+        done = run_command(app_command(APP, overrides), cwd=work, env=sweep_env(store))
         if done.returncode != 0 or not report.exists():
             raise RuntimeError(f"{variant} N={jobs} failed ({done.returncode}):\n{done.stderr}")
         figures: dict[str, Any] = json.loads(report.read_text())
         figures["pace"] = pace(work / "sweep" / "run_data.csv")
-    figures["command_wall_s"] = round(wall, 2)
+    figures["command_wall_s"] = round(done.wall_s, 2)
     # the machine's CPU that other people's work used meanwhile: it slows jobs/s, not memory
-    figures["others_cpu_share"] = others_share
+    figures["others_cpu_share"] = done.others_cpu_share
     figures["jobs_per_s"] = round(jobs / figures["sweep_s"], 2)
     return figures
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def pace(run_data_csv: Path) -> dict[str, float]:
@@ -165,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     at_start = machine()
     with tempfile.TemporaryDirectory(prefix="furcate-memory-store-") as tmp:
-        template = empty_store(Path(tmp))
+        template = empty_store(Path(tmp) / "template.db")
         runs: dict[str, dict[int, dict[str, Any]]] = {v: {} for v in args.variants}
         for jobs in sorted(args.jobs):
             for variant in args.variants:

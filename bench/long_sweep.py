@@ -29,8 +29,6 @@ import argparse
 import csv
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,10 +39,9 @@ from typing import Any, Self
 
 import psutil
 
-from bench.harness import OthersCpu, machine, machine_busy_seconds, publish
-from bench.launcher_memory import APP, COMMON, _children_cpu_s, empty_store
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench.commands import app_command, empty_store, run_command
+from bench.harness import machine, machine_busy_seconds, publish
+from bench.launcher_memory import APP, COMMON, sweep_env
 
 
 class Every:
@@ -86,17 +83,13 @@ class StatusWatch(Every):
 
     def read(self) -> dict[str, Any]:
         command = [sys.executable, "-m", "furcate_hydra.cli", "status", str(self.sweep_dir)]
-        began = time.perf_counter()
-        done = subprocess.run(
-            [*command, "--json"], env=self.env, capture_output=True, text=True, timeout=600
-        )
-        seconds = time.perf_counter() - began
+        done = run_command([*command, "--json"], env=self.env, timeout_s=600)
         counts: dict[str, int] = {}
         if done.returncode == 0:
             counts = json.loads(done.stdout).get("counts", {})
         return {
-            "at": round(time.time(), 1),
-            "seconds": round(seconds, 2),
+            "at": round(done.ended, 1),
+            "seconds": round(done.wall_s, 2),
             "exit": done.returncode,
             "counts": counts,
             "error": done.stderr[-500:] if done.returncode else "",
@@ -111,6 +104,10 @@ class CpuWatch(Every):
         super().__init__(every_s)
         self.samples: list[tuple[float, float, float]] = []
         self.root: psutil.Process | None = None
+
+    def watch_tree(self, pid: int) -> None:
+        """Count the process ``pid`` and its descendants as the sweep's own."""
+        self.root = psutil.Process(pid)
 
     def tick(self) -> None:
         if self.root is not None:
@@ -144,48 +141,34 @@ class CpuWatch(Every):
 def run_long_sweep(jobs: int, at: int, status_every_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="furcate-long-sweep-") as tmp:
         work = Path(tmp)
-        store = work / "mlflow.db"
-        shutil.copyfile(empty_store(work), store)
+        store = empty_store(work / "mlflow.db")
         report, sweep = work / "memory.json", work / "sweep"
-        command = [
-            sys.executable,
-            str(APP),
-            "-m",
+        overrides = [
             f"i=range(0,{jobs})",
             f"hydra.sweep.dir={sweep}",
             "hydra/sweeper=furcate",
             *COMMON,
             f"+hydra.callbacks.memory_probe.out={report}",
         ]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
-        }
-        others, own_before = OthersCpu(), _children_cpu_s()
+        env = sweep_env(store)
         with StatusWatch(sweep, env, status_every_s) as watch, CpuWatch() as cpu:
-            began = time.time()
-            with subprocess.Popen(
-                command, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True,
-            ) as process:  # fmt: skip
-                cpu.root = psutil.Process(process.pid)
-                _, stderr = process.communicate()
-            ended = time.time()
-        if process.returncode != 0 or not report.exists():
-            raise RuntimeError(f"N={jobs} failed ({process.returncode}):\n{stderr[-5000:]}")
+            done = run_command(
+                app_command(APP, overrides), cwd=work, env=env, on_start=cpu.watch_tree
+            )
+        if done.returncode != 0 or not report.exists():
+            raise RuntimeError(f"N={jobs} failed ({done.returncode}):\n{done.stderr[-5000:]}")
         probe = json.loads(report.read_text())
         starts, ends = job_times(sweep / "run_data.csv")
         figures = {
             "jobs": jobs,
-            "wall_s": round(ended - began, 1),
+            "wall_s": round(done.ended - done.began, 1),
             "planning_s": round(starts[0] - probe["began_wall"], 1),
             "memory": memory_at(probe, ends, at),
             "pace": pace(ends, cpu),
             "files": closing(probe, ends, sweep),
             "status": watch.readings,
             "store_mib": round(store.stat().st_size / 2**20, 1),
-            "others_cpu_share": others.share(_children_cpu_s() - own_before),
+            "others_cpu_share": done.others_cpu_share,
         }
     return figures
 
