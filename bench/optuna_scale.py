@@ -38,17 +38,12 @@ from typing import Any
 
 from bench.harness import OthersCpu, machine, publish
 from bench.postgres import Cluster
+from bench.quiet import quiet_optuna
 
 STUDY = "scale"
 EPOCHS = 10
 SPACE_JSON = json.dumps({"name": "FloatDistribution", "attributes": {"log": False, "step": None,
                          "low": 0.0, "high": 1.0}})  # fmt: skip
-
-
-def quiet() -> None:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def grow(url: str, start: int, stop: int) -> float:
@@ -285,7 +280,7 @@ def main() -> None:
     parser.add_argument("--storages", nargs="+", default=["sqlite", "postgres"])
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
-    quiet()
+    quiet_optuna()
     at_start = machine()
     others, cpu = OthersCpu(), time.process_time()
     runs = bench(args)

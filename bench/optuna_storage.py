@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.postgres import Cluster, free_port
+from bench.quiet import quiet_optuna
 
 T = TypeVar("T")
 
@@ -109,16 +110,6 @@ class Ops:
         self.lost += other.lost
 
 
-def quiet() -> None:
-    """Optuna's info lines and its warning that the gRPC proxy is experimental, off."""
-    import warnings
-
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
 def reported(trial_number: int, epoch: int) -> float:
     """The value a trial reports at an epoch: known to the check at the end."""
     return 1.0 / (epoch + 1) + 0.001 * trial_number
@@ -126,7 +117,7 @@ def reported(trial_number: int, epoch: int) -> float:
 
 def job(target: Target, epochs: int, epoch_s: float, tasks: Any, results: Any) -> None:
     """A job process: for each trial number it gets, what a pruned Lightning trial does."""
-    quiet()
+    quiet_optuna()
     import optuna
 
     storage = target.open(sweeper=False)
@@ -362,7 +353,7 @@ def main() -> None:
     args = parser.parse_args()
     from bench.harness import OthersCpu, machine, publish
 
-    quiet()
+    quiet_optuna()
     at_start = machine()
     others = OthersCpu()
     own_before = time.process_time()
