@@ -3,8 +3,9 @@
 params + command line ──► grid ──► exclusion rules on composed configs ──► SweepQueue
                            (job dirs outside the sweep dir, rules of the wrong type: refused;
                             rules matching no config: a warning)
-furcate launcher: submit one job per free slot, then one more per slot ahead (forked and set up
-                  while the slots are busy) ──► wait_any ──► the next job is already there
+furcate launcher: a SlotFeed (launching/slot_feed.py) takes the queue's jobs, one per free slot,
+                  then one more per slot ahead (forked and set up while the slots are busy)
+                  ──► wait_any ──► the next job is already there
 any other launcher: launch() a batch, wait for all of it, next batch
 between waits: primary config file edited? ──► new grid ──► queue gains / drops configs
 """
