@@ -6,12 +6,17 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from furcate_hydra.cli._figures import curve_plots
 from furcate_hydra.cli.main import main
 from furcate_hydra.layout import SweepPaths
+from furcate_hydra.store.metric_history import MetricPoint
+from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepJobStatus
 from tests.conftest import APPS, LaunchJobs, run_cli
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -114,17 +119,45 @@ def test_a_sweep_without_curves_numbers_or_trace_says_so(launch_jobs: LaunchJobs
     assert len(re.findall(r'<tr class="job"', page)) == 2
 
 
-def test_curves_are_drawn_against_epoch_where_each_point_has_its_own_epoch() -> None:
-    from furcate_hydra.cli._figures import _epoch_axes
-    from furcate_hydra.store.metric_history import MetricPoint
-    from furcate_hydra.store.sweep_snapshot import JobSnapshot, SweepJobStatus
+def drawn_curves(
+    monkeypatch: pytest.MonkeyPatch, jobs: Sequence[JobSnapshot], histories: dict[str, Any]
+) -> dict[str, tuple[str, list[list[float]]]]:
+    """The report's curve plots as drawn: per metric, the x axis's label and each line's x
+    values, read from each figure as it is saved."""
+    from matplotlib.figure import Figure
 
+    saved: list[Any] = []
+    savefig = Figure.savefig
+
+    def keep(figure: Any, *args: Any, **kwargs: Any) -> None:
+        saved.append(figure)
+        savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    plots = curve_plots(jobs, histories).plots
+    assert len(saved) == len(plots)
+    drawn = {}
+    for plot, figure in zip(plots, saved, strict=True):
+        (axes,) = figure.axes
+        drawn[plot.title] = (
+            axes.get_xlabel(),
+            [[float(x) for x in line.get_xdata()] for line in axes.lines],
+        )
+    return drawn
+
+
+def test_curves_are_drawn_against_epoch_where_each_point_has_its_own_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     job = JobSnapshot(0, ("lr=0.1",), SweepJobStatus.FINISHED, run_id="r")
     # as Lightning logs: an epoch metric at every step it logs anything
     epochs = [MetricPoint(step, float(step // 10), 0) for step in (5, 9, 15, 19)]
     per_epoch = [MetricPoint(9, 0.5, 0), MetricPoint(19, 0.4, 0)]
     per_step = [MetricPoint(step, 0.9, 0) for step in (5, 9, 15, 19)]
     histories = {"r": {"epoch": epochs, "val_loss": per_epoch, "train_loss_step": per_step}}
-    assert _epoch_axes([(job, per_epoch)], histories) == {0: {5: 0.0, 9: 0.0, 15: 1.0, 19: 1.0}}
-    assert _epoch_axes([(job, per_step)], histories) is None  # two points per epoch: by step
-    assert _epoch_axes([(job, per_epoch)], {"r": {}}) is None  # no epoch metric: by step
+    assert drawn_curves(monkeypatch, [job], histories) == {
+        "val_loss": ("epoch", [[0.0, 1.0]]),  # steps 9 and 19: epochs 0 and 1
+        "train_loss_step": ("step", [[5.0, 9.0, 15.0, 19.0]]),  # two points per epoch
+    }
+    no_epoch = {"r": {"val_loss": per_epoch}}
+    assert drawn_curves(monkeypatch, [job], no_epoch) == {"val_loss": ("step", [[9.0, 19.0]])}
