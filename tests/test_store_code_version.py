@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from furcate_hydra.hydra_api.options import OptionError
+from furcate_hydra.records.task_code import task_code_version
 from furcate_hydra.store import (
     Action,
     CodeChange,
@@ -225,16 +229,49 @@ def test_in_git_a_config_edit_is_no_code_change_and_a_code_edit_is(
     assert len(versions) == 1 and versions.pop().startswith("git-code:")
 
 
-def test_the_config_dirs_are_those_hydra_composed_from_files_and_packages(tmp_path: Path) -> None:
-    from omegaconf import OmegaConf
-
-    from furcate_hydra.records.task_code import _config_dirs
+def test_the_config_dirs_are_those_hydra_composed_from_files_and_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    # a work tree with the task, a config folder, a config package and a config file beside
+    # the code (code: the task may read it); the working directory, where a source without
+    # files must not count as a folder
+    task = tmp_path / "task.py"
+    task.write_text("def task(config):\n    return 1\n")
+    (tmp_path / "vocab.yaml").write_text("a: 1\n")
+    conf, package = tmp_path / "conf", tmp_path / "probe_conf_package"
+    conf.mkdir()
+    package.mkdir()
+    (conf / "app.yaml").write_text("lr: 0.1\n")
+    (package / "__init__.py").write_text("")
+    (package / "model.yaml").write_text("width: 8\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "app")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request.addfinalizer(lambda: sys.modules.pop(package.name, None))  # imported by the check
+    spec = importlib.util.spec_from_file_location("task", task)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
 
     sources = [
-        {"path": "tests", "schema": "pkg", "provider": "app"},
-        {"path": str(tmp_path / "conf"), "schema": "file", "provider": "main"},
+        {"path": package.name, "schema": "pkg", "provider": "app"},
+        {"path": str(conf), "schema": "file", "provider": "main"},
         {"path": "", "schema": "structured", "provider": "schema"},  # no files
         {"path": "no_such_package.conf", "schema": "pkg", "provider": "gone"},
     ]
-    config = OmegaConf.create({"hydra": {"runtime": {"config_sources": sources}}})
-    assert _config_dirs(config) == [Path(__file__).parent, tmp_path / "conf"]
+
+    def key(*used: dict[str, str]) -> str:
+        config = OmegaConf.create({"hydra": {"runtime": {"config_sources": list(used)}}})
+        version = task_code_version(module.task, config)
+        assert version is not None
+        return version.key
+
+    clean = key(*sources)
+    (conf / "app.yaml").write_text("lr: 0.2\n")
+    (package / "model.yaml").write_text("width: 16\n")
+    assert key(*sources) == clean  # the folder's and the package's config files: no code
+    assert key(*sources[2:]) != clean  # the same files, no config dirs named: code
+    (tmp_path / "vocab.yaml").write_text("a: 2\n")
+    assert key(*sources) != clean  # beside the code: code
