@@ -6,19 +6,14 @@ import contextlib
 import sqlite3
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from furcate_hydra.sqlite_lock import creating_sqlite_schema
 from furcate_hydra.store import Action, LauncherIdentity, Rerun, RunRecord, RunStatus, Tags, decide
-from furcate_hydra.store.lookup import (
-    _by_id_search,
-    _from_database,
-    _from_search,
-    find_runs,
-    runs_by_id,
-)
+from furcate_hydra.store.lookup import find_runs, runs_by_id
 from furcate_hydra.store.sqlite_reader import SqliteReader
 from tests.store_helpers import exited_launcher
 
@@ -58,6 +53,29 @@ class Runs:
 @pytest.fixture
 def runs(mlflow_store: str) -> Runs:
     return Runs(mlflow_store)
+
+
+class ThroughAServer:
+    """The runs' client as one of an MLflow server would be: its store is a server's, with no
+    database to query, so the lookup pages through ``search_runs``, which reads the same
+    sqlite store here."""
+
+    def __init__(self, client: Any) -> None:
+        from mlflow.store.tracking.rest_store import RestStore
+        from mlflow.utils.rest_utils import MlflowHostCreds
+
+        self.client = client
+        # never asked: a lookup that used it would fail, no server answers there
+        nowhere = MlflowHostCreds("http://127.0.0.1:1")  # type: ignore[no-untyped-call]
+        store = RestStore(lambda: nowhere)  # type: ignore[no-untyped-call]
+        self._tracking_client = SimpleNamespace(store=store)
+
+    def search_runs(self, *args: Any, **kwargs: Any) -> Any:
+        return self.client.search_runs(*args, **kwargs)
+
+
+def flat(found: dict[str, list[RunRecord]]) -> list[RunRecord]:
+    return [record for records in found.values() for record in records]
 
 
 def summary(found: dict[str, list[RunRecord]]) -> dict[str, list[tuple[str, RunStatus, int]]]:
@@ -144,8 +162,8 @@ def test_the_server_path_finds_what_the_database_path_finds(runs: Runs) -> None:
     def records(found: Any) -> list[tuple[str, str, RunStatus, int, dict[str, str]]]:
         return sorted((r.run_id, r.fingerprint, r.status, r.start_time_ms, r.tags) for r in found)
 
-    from_database = records(_from_database(store, runs.here, wanted))
-    from_search = records(_from_search(runs.client, runs.here, wanted))
+    from_database = records(flat(find_runs(runs.client, runs.here, wanted)))
+    from_search = records(flat(find_runs(ThroughAServer(runs.client), runs.here, wanted)))
     assert len(from_database) == 6
     assert from_search == from_database
 
@@ -161,8 +179,8 @@ def test_the_server_path_pages_through_every_run(
 
     monkeypatch.setattr(runs.client, "search_runs", small_pages)
     ids = {runs.add(f"fp-{i}", i) for i in range(7)}
-    found = list(_from_search(runs.client, runs.here, {f"fp-{i}" for i in range(7)}))
-    assert {r.run_id for r in found} == ids
+    found = find_runs(ThroughAServer(runs.client), runs.here, {f"fp-{i}" for i in range(7)})
+    assert {r.run_id for r in flat(found)} == ids
 
 
 def test_claims_and_followed_runs_are_read_alike_on_both_paths(runs: Runs) -> None:
@@ -175,18 +193,11 @@ def test_claims_and_followed_runs_are_read_alike_on_both_paths(runs: Runs) -> No
     deleted = runs.add("fp", 3000, deleted=True)
     other = runs.add("fp-other", 4000)
     runs.add("fp", 5000, experiment=runs.other)
-    store = runs.client._tracking_client.store
-
-    def ids(found: Any) -> list[str]:
-        return sorted(r.run_id for r in found)
 
     claims = find_runs(runs.client, runs.here, ["fp"], running_only=True)["fp"]
     assert [(r.run_id, r.params_logged) for r in claims] == [(confirmed, True), (running, False)]
-    searched = list(_from_search(runs.client, runs.here, {"fp"}, running_only=True))
-    assert sorted(searched, key=lambda r: r.run_id) == sorted(claims, key=lambda r: r.run_id)
-    assert ids(_from_database(store, runs.here, {"fp"}, running_only=True)) == sorted(
-        [running, confirmed]
-    )
+    searched = find_runs(ThroughAServer(runs.client), runs.here, ["fp"], running_only=True)
+    assert searched == {"fp": claims}
 
     wanted = {running, confirmed, finished, deleted, other, "no-such-run"}
     by_id = runs_by_id(runs.client, runs.here, wanted)
@@ -194,8 +205,7 @@ def test_claims_and_followed_runs_are_read_alike_on_both_paths(runs: Runs) -> No
     assert by_id[finished].status is RunStatus.FINISHED and by_id[other].fingerprint == "fp-other"
     assert by_id[running].tags[Tags.CLAIM] == "won"
     assert by_id[confirmed].params_logged and not by_id[running].params_logged
-    by_search = {r.run_id: r for r in _by_id_search(runs.client, runs.here, sorted(wanted))}
-    assert by_search == by_id
+    assert runs_by_id(ThroughAServer(runs.client), runs.here, wanted) == by_id
     assert runs_by_id(runs.client, runs.here, []) == {}
 
 
