@@ -3,7 +3,9 @@ how busy the machine was (others' CPU share, load averages), results.
 
 ``make_launcher`` does what ``python app.py -m ...`` does up to the sweeper (compose the config,
 instantiate ``hydra/launcher``), so the benchmarks drive the real launcher in this process and
-can time each call, as ``tests/conftest.py`` does for the tests.
+can time each call, as ``tests/conftest.py`` does for the tests. Beside it: ``bench/commands.py``
+runs an app's Hydra CLI (or any command) in a subprocess, timed; ``bench/timeline.py`` reads a
+sweep's jobs on a timeline (slot gaps, makespan, the schedules it is set against).
 """
 
 from __future__ import annotations
