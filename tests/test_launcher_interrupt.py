@@ -108,6 +108,7 @@ def test_ctrl_c_during_the_fork_servers_warm_up_stops_the_sweep(
 
 
 def test_a_ctrl_c_python_lost_is_raised_at_the_next_check() -> None:
+    before = signal.getsignal(signal.SIGINT)
     interrupts.install()
     try:
         try:  # as a weakref callback or __del__ swallows it
@@ -120,7 +121,7 @@ def test_a_ctrl_c_python_lost_is_raised_at_the_next_check() -> None:
             interrupts.check()
     finally:
         interrupts.restore()
-    assert signal.getsignal(signal.SIGINT) is not interrupts._handle
+    assert signal.getsignal(signal.SIGINT) is before
     # the session's signal stays its own: its exit status names it, and code that checks
     # after it (a scheduler outside any session, in the same process) is not interrupted
     assert interrupts.received() == signal.SIGINT

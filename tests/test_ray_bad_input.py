@@ -158,11 +158,13 @@ def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
     tmp_path: Path,
 ) -> None:
     from furcate_hydra.hydra_api.options import OptionError
+    from furcate_hydra.ray_backend.options import Backend
     from furcate_hydra.sweepers.storage_proxy import sweeper_storage_proxy
 
     key = "hydra.sweeper.storage"
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
-    launcher = {"backend": "ray", "ray": {"address": "127.0.0.1:6379"}}
+    # the option's own spelling, which the sweepers' door spells apart
+    launcher = {"backend": Backend.RAY.value, "ray": {"address": "127.0.0.1:6379"}}
     # served through the proxy, at this machine's address toward the head, any free port
     assert sweeper_storage_proxy(launcher, key, storage, None) == ("127.0.0.1", 0)
     assert sweeper_storage_proxy(launcher, key, storage, ("127.0.0.2", 13000)) == (
@@ -170,10 +172,6 @@ def test_a_sqlite_optuna_storage_on_a_cluster_is_served_and_a_file_one_refused(
         13000,
     )
     # the local backend, a Ray instance of this machine, or an RDB server: opened as it is
-    from furcate_hydra.ray_backend.options import Backend
-    from furcate_hydra.sweepers import storage_proxy
-
-    assert Backend.RAY.value == storage_proxy._RAY  # the door's spelling of the option
     assert sweeper_storage_proxy({"backend": "local"}, key, storage, None) is None
     assert sweeper_storage_proxy({"backend": "ray", "ray": {}}, key, storage, None) is None
     server = "postgresql+psycopg2://user:pw@db.example/optuna"
