@@ -387,14 +387,14 @@ def test_lightning_auto_imports_the_lightning_layer_only_inside_functions() -> N
 
 
 def test_only_the_nvml_door_imports_pynvml() -> None:
-    # one place owns NVML's import, its start and stop, and its errors (execution/nvml.py)
+    # one place owns NVML's import, its start and stop, and its errors (execution/gpu/nvml.py)
     found = [
         str(path.relative_to(REPO))
         for root in ("furcate_hydra", "hydra_plugins")
         for path in sorted((REPO / root).rglob("*.py"))
         if any(name.split(".")[0] == "pynvml" for name in imports(path))
     ]
-    assert found == ["furcate_hydra/execution/nvml.py"]
+    assert found == ["furcate_hydra/execution/gpu/nvml.py"]
 
 
 def test_the_shared_modules_import_no_layer_and_no_hydra() -> None:

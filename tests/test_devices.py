@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.devices import (
+from furcate_hydra.execution.gpu.devices import (
     InstalledGpu,
     NvmlProbe,
     normalize_device_id,

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from furcate_hydra.execution.gpu_packing import (
+from furcate_hydra.execution.gpu.packing import (
     GIB,
     SETTLE_S,
     SOURCE_PROCESS,
     SOURCE_REPORT,
     GpuPacking,
 )
-from furcate_hydra.execution.gpu_throughput import READINGS
+from furcate_hydra.execution.gpu.throughput import READINGS
 from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import GpuStart, Slot, plan_slots

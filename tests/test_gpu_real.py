@@ -32,7 +32,7 @@ from bench.sweep_reading import (
     read_packing,
     trace_peak_mib,
 )
-from furcate_hydra.execution.devices import NvmlProbe
+from furcate_hydra.execution.gpu.devices import NvmlProbe
 from hydra_plugins.furcate_launcher.config import FurcateLauncherConf
 from tests.conftest import APPS, run_cli
 from tests.process_helpers import still_alive

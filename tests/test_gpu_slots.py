@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra.core.utils import JobStatus
 
-from furcate_hydra.execution.devices import NvmlProbe
+from furcate_hydra.execution.gpu.devices import NvmlProbe
 from tests.conftest import LaunchJobs
 
 pytestmark = pytest.mark.gpu

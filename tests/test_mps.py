@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution import mps, mps_watch
-from furcate_hydra.execution.mps import (
+from furcate_hydra.execution.gpu import mps, mps_watch
+from furcate_hydra.execution.gpu.mps import (
     BINARY,
     KEY,
     MPS_FAULT_BEHAVIOUR,
@@ -31,7 +31,7 @@ from furcate_hydra.execution.mps import (
     check_mps_mode,
     start_mps,
 )
-from furcate_hydra.execution.mps_watch import WATCH_LOG, control_answers
+from furcate_hydra.execution.gpu.mps_watch import WATCH_LOG, control_answers
 from furcate_hydra.layout import SweepPaths
 from tests.process_helpers import alive, still_alive
 
@@ -347,7 +347,8 @@ def test_the_watchdog_refuses_a_pipe_dir_where_a_daemon_answers_already(
 LAUNCHER = """
 import json, os, signal, sys, time
 from pathlib import Path
-from furcate_hydra.execution import mps, mps_watch
+from furcate_hydra.execution.gpu import mps
+from furcate_hydra.execution.gpu import mps_watch
 sweep, default_pipe, fork, end = sys.argv[1:]
 mps.DEFAULT_PIPE_DIR = Path(default_pipe)
 daemon = mps.start_mps("auto", ["0"], True, Path(sweep), grace_s=2.0,

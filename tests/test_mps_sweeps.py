@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from furcate_hydra.execution.mps import START_TIMEOUT_S
+from furcate_hydra.execution.gpu.mps import START_TIMEOUT_S
 from tests.process_helpers import alive
 from tests.test_gpu_packing_sweeps import fake_gpus, sweep
 

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from furcate_hydra.execution.out_of_memory import cuda_out_of_memory, stderr_size
+from furcate_hydra.execution.gpu.out_of_memory import cuda_out_of_memory, stderr_size
 
 # torch's own exception, as the caching allocator raises it (the class exists in CPU builds)
 RAISE_OOM = """

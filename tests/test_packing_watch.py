@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from furcate_hydra.execution.gpu_packing import GIB, SOURCE_DEVICE, SOURCE_PROCESS, GpuPacking
+from furcate_hydra.execution.gpu.packing import GIB, SOURCE_DEVICE, SOURCE_PROCESS, GpuPacking
 from furcate_hydra.execution.slots import GpuStart
 from furcate_hydra.progress import write_progress
 from furcate_hydra.tracing.gpu import DeviceReading

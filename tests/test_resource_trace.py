@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from furcate_hydra.execution.devices import NvmlProbe
+from furcate_hydra.execution.gpu.devices import NvmlProbe
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.tracing import ResourceTracer, TracePeaks, TraceSample
 from furcate_hydra.tracing.gpu import GpuUsage, NvmlSampler

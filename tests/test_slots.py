@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.devices import GpuProbe, InstalledGpu
+from furcate_hydra.execution.gpu.devices import GpuProbe, InstalledGpu
 from furcate_hydra.execution.slots import Slot, SlotPlan, plan_slots
 from hydra_plugins.furcate_launcher.furcate_launcher import FurcateLauncher
 

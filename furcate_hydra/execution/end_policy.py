@@ -25,9 +25,9 @@ from typing import Any
 from furcate_hydra.execution.executor import EventKind
 from furcate_hydra.execution.exits import describe_wait_status
 from furcate_hydra.execution.forkserver.protocol import ChildReport
-from furcate_hydra.execution.gpu_packing import GpuPacking
+from furcate_hydra.execution.gpu.out_of_memory import cuda_out_of_memory, stderr_size
+from furcate_hydra.execution.gpu.packing import GpuPacking
 from furcate_hydra.execution.job import Job, JobState
-from furcate_hydra.execution.out_of_memory import cuda_out_of_memory, stderr_size
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.transport import Ended
 from furcate_hydra.preemption import PREEMPTION_SIGNALS

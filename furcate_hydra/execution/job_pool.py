@@ -28,7 +28,7 @@ from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.end_policy import EndPolicy, QueueAgain
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
-from furcate_hydra.execution.gpu_packing import GpuPacking
+from furcate_hydra.execution.gpu.packing import GpuPacking
 from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.transport import (

@@ -41,10 +41,10 @@ from furcate_hydra.execution.forkserver.protocol import (
     WarmContext,
 )
 from furcate_hydra.execution.forkserver.protocol import Started as ServerStarted
-from furcate_hydra.execution.gpu_packing import GpuPacking
+from furcate_hydra.execution.gpu.mps import MpsDaemon, start_mps
+from furcate_hydra.execution.gpu.packing import GpuPacking
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool
-from furcate_hydra.execution.mps import MpsDaemon, start_mps
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slot_env import VISIBLE_DEVICES

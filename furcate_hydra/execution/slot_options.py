@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.devices import normalize_device_id
+from furcate_hydra.execution.gpu.devices import normalize_device_id
 
 __all__ = ["AUTO", "SlotOptions", "explicit_gpus"]
 

@@ -9,13 +9,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.devices import (
+from furcate_hydra.execution.gpu.devices import (
     GpuProbe,
     InstalledGpu,
     NvmlProbe,
     parse_cuda_visible_devices,
 )
-from furcate_hydra.execution.gpu_groups import group_devices, rank_threads, slot_devices
+from furcate_hydra.execution.gpu.groups import group_devices, rank_threads, slot_devices
 from furcate_hydra.execution.slot_env import cuda_env, slot_env
 from furcate_hydra.execution.slot_options import AUTO, SlotOptions, explicit_gpus
 

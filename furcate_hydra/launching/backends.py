@@ -15,8 +15,8 @@ from pathlib import Path
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import WarmContext
-from furcate_hydra.execution.gpu_groups import rank_threads
-from furcate_hydra.execution.gpu_packing import GIB, GpuPacking
+from furcate_hydra.execution.gpu.groups import rank_threads
+from furcate_hydra.execution.gpu.packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import GpuStart, SlotPlan, core_blocks, plan_slots

@@ -21,7 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from furcate_hydra import env_vars
 from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
-from furcate_hydra.execution.gpu_packing import GpuPacking
+from furcate_hydra.execution.gpu.packing import GpuPacking
 from furcate_hydra.execution.job import Job
 from furcate_hydra.hydra_api.task_config import as_job, task_container
 from furcate_hydra.job_process.job_context import job_payload

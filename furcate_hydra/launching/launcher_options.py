@@ -15,7 +15,7 @@ from omegaconf import ListConfig
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
-from furcate_hydra.execution.mps import check_mps_mode
+from furcate_hydra.execution.gpu.mps import check_mps_mode
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_options import AUTO as AUTO_JOBS
 from furcate_hydra.execution.slot_options import SlotOptions

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from hydra.core.utils import JobReturn, JobStatus
 
 from furcate_hydra.atomic import atomic_write_bytes
-from furcate_hydra.execution.gpu_packing import GpuPacking
+from furcate_hydra.execution.gpu.packing import GpuPacking
 from furcate_hydra.execution.job import Job
 from furcate_hydra.launching.launcher_options import ProgressOptions
 from furcate_hydra.launching.requested_jobs import task_overrides

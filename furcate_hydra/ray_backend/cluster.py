@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from furcate_hydra.errors import FurcateConfigError, first_line
-from furcate_hydra.execution.gpu_groups import rank_threads
+from furcate_hydra.execution.gpu.groups import rank_threads
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.execution.slots import Slot, SlotPlan, jobs_on_gpu
 from furcate_hydra.ray_backend.options import ADDRESS_KEY, BACKEND_KEY, RayOptions, parse_address

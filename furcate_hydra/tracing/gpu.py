@@ -5,7 +5,7 @@
 
 NVML lists the processes that hold memory on a GPU, each with what it holds, so a job's share
 is told apart from its neighbours' on a shared GPU. A job of several GPUs sums its memory over
-them (``over_gpus``). NVML is started (``execution.nvml``) on the first GPU sample, never for
+them (``over_gpus``). NVML is started (``execution.gpu.nvml``) on the first GPU sample, never for
 CPU slots. Where NVML cannot answer (no driver, a device it does not know, a MIG instance
 without utilisation), the value is None and the trace goes on without it. In a container with
 its own pid namespace NVML reports the host's pids, which match no job: the job's GPU memory
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from furcate_hydra.execution.nvml import Nvml, NvmlUnavailable, start_nvml
+from furcate_hydra.execution.gpu.nvml import Nvml, NvmlUnavailable, start_nvml
 from furcate_hydra.tracing.process_tree import MIB
 
 __all__ = ["DeviceReading", "GpuUsage", "NvmlSampler", "over_gpus"]

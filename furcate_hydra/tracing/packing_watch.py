@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from furcate_hydra.execution.gpu_packing import SOURCE_DEVICE, SOURCE_PROCESS, GpuPacking
+from furcate_hydra.execution.gpu.packing import SOURCE_DEVICE, SOURCE_PROCESS, GpuPacking
 from furcate_hydra.progress import read_progress
 from furcate_hydra.tracing.gpu import DeviceReading, NvmlSampler
 

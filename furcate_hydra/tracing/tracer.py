@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from furcate_hydra.execution.gpu_groups import slot_devices
+from furcate_hydra.execution.gpu.groups import slot_devices
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.tracing.gpu import GpuUsage, NvmlSampler, over_gpus
 from furcate_hydra.tracing.plot import TracePlotter

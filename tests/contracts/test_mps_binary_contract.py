@@ -37,9 +37,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from furcate_hydra.execution.devices import NvmlProbe
-from furcate_hydra.execution.mps import BINARY
-from furcate_hydra.execution.mps_watch import control_answers, daemon_answers
+from furcate_hydra.execution.gpu.devices import NvmlProbe
+from furcate_hydra.execution.gpu.mps import BINARY
+from furcate_hydra.execution.gpu.mps_watch import control_answers, daemon_answers
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / BINARY
 REAL = shutil.which(BINARY)

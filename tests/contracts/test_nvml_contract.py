@@ -16,7 +16,7 @@ the fake cannot drift from the driver unseen.
                 within the GPU's used memory, and is no longer listed once it exited
     no driver   where NVML cannot start, ``nvmlInit`` raises NVMLError (a GPU-less machine)
 
-These are the calls of ``furcate_hydra/execution/nvml.py``, furcate's one door to NVML; the
+These are the calls of ``furcate_hydra/execution/gpu/nvml.py``, furcate's one door to NVML; the
 behaviour asserted is NVIDIA's NVML API reference's.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from furcate_hydra.execution.devices import NvmlProbe
+from furcate_hydra.execution.gpu.devices import NvmlProbe
 
 FAKE_DIR = Path(__file__).resolve().parents[1] / "fakes" / "nvml"
 GPUS = NvmlProbe().device_ids()

@@ -1,6 +1,6 @@
 """The watchdog that owns the MPS control daemon furcate starts: it outlives nothing it watches.
 
-    launcher ──stdin pipe──▶ python -m furcate_hydra.execution.mps_watch   (its own session)
+    launcher ──stdin pipe──▶ python -m furcate_hydra.execution.gpu.mps_watch   (its own session)
                                 └─ nvidia-cuda-mps-control -f              (its own session)
 
 The watchdog starts the daemon in the foreground, waits until it answers (``daemon_answers``)
@@ -246,7 +246,7 @@ def _kill(daemon: subprocess.Popen[bytes], why: str) -> None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m furcate_hydra.execution.mps_watch")
+    parser = argparse.ArgumentParser(prog="python -m furcate_hydra.execution.gpu.mps_watch")
     parser.add_argument("--binary", required=True)
     parser.add_argument("--pipe-dir", type=Path, required=True)
     parser.add_argument("--log-dir", type=Path, required=True)

@@ -6,7 +6,7 @@
       │  unset ..................................... MpsDaemon(owned=False): used, never stopped
       ├─ no nvidia-cuda-mps-control on PATH, a GPU whose compute mode forbids MPS, or (auto)
       │  NVML cannot tell ............ auto: None and one line why; on: FurcateConfigError
-      └─ python -m furcate_hydra.execution.mps_watch ─ nvidia-cuda-mps-control -f
+      └─ python -m furcate_hydra.execution.gpu.mps_watch ─ nvidia-cuda-mps-control -f
          (own session; CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY, CUDA_VISIBLE_DEVICES
          = the sweep's GPUs, CUDA_DEVICE_ORDER=PCI_BUS_ID) ........ MpsDaemon(owned=True)
          └─ it does not answer within START_TIMEOUT_S[mode] (auto 5 s, on 30 s): killed;
@@ -44,10 +44,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution import mps_watch
-from furcate_hydra.execution.mps_daemon import LOG_ENV, PIPE_ENV, MpsDaemon, start_daemon
-from furcate_hydra.execution.mps_log import MPS_FAULT_BEHAVIOUR, MpsFaultScan
-from furcate_hydra.execution.nvml import NvmlUnavailable, nvml_started
+from furcate_hydra.execution.gpu import mps_watch
+from furcate_hydra.execution.gpu.mps_daemon import LOG_ENV, PIPE_ENV, MpsDaemon, start_daemon
+from furcate_hydra.execution.gpu.mps_log import MPS_FAULT_BEHAVIOUR, MpsFaultScan
+from furcate_hydra.execution.gpu.nvml import NvmlUnavailable, nvml_started
 from furcate_hydra.layout import SweepPaths
 
 __all__ = [

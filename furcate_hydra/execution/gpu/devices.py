@@ -2,7 +2,7 @@
 
 NVML is the source of truth for what is installed; ``CUDA_VISIBLE_DEVICES`` is parsed with
 CUDA's own rules, except that we refuse malformed entries instead of silently dropping them.
-NVML is reached through ``execution.nvml``, which touches the driver only when a probe asks.
+NVML is reached through ``execution.gpu.nvml``, which touches the driver only when a probe asks.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from furcate_hydra.errors import FurcateConfigError
-from furcate_hydra.execution.nvml import NvmlError, NvmlUnavailable, nvml_started
+from furcate_hydra.execution.gpu.nvml import NvmlError, NvmlUnavailable, nvml_started
 
 __all__ = [
     "GpuProbe",

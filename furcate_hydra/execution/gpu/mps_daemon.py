@@ -1,6 +1,6 @@
 """An MPS control daemon a sweep uses: the one furcate starts under its watchdog, or the user's.
 
-``start_daemon`` starts ``python -m furcate_hydra.execution.mps_watch`` in its own session
+``start_daemon`` starts ``python -m furcate_hydra.execution.gpu.mps_watch`` in its own session
 with the daemon's environment and reads its one answer; ``MpsDaemon.stop`` lets go of it (a
 ``stop`` line, then the pipe's end) and waits, bounded. ``mps`` decides whether to start one.
 """
@@ -20,8 +20,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from furcate_hydra.execution import mps_watch
-from furcate_hydra.execution.mps_log import MpsFaultScan
+from furcate_hydra.execution.gpu import mps_watch
+from furcate_hydra.execution.gpu.mps_log import MpsFaultScan
 from furcate_hydra.layout import SweepPaths
 
 __all__ = ["LOG_ENV", "PIPE_ENV", "MpsDaemon", "start_daemon"]

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from furcate_hydra.execution.gpu_throughput import ThroughputClimb
+from furcate_hydra.execution.gpu.throughput import ThroughputClimb
 from furcate_hydra.execution.slots import GpuStart
 
 __all__ = ["GIB", "SETTLE_S", "GpuPacking", "MemoryVerdict"]
