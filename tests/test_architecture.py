@@ -448,3 +448,70 @@ def test_hydras_plugin_scan_loads_no_heavy_library() -> None:
     found, heavy = done.stdout.splitlines()[-2:]
     assert found == "['FurcateLauncher', 'FurcateOptunaSweeper', 'FurcateSweeper']"
     assert heavy == "[]"
+
+
+def test_no_module_is_over_400_lines() -> None:
+    # a module past this has two jobs in it: split it where they part
+    long = {}
+    for root in ("furcate_hydra", "hydra_plugins"):
+        for path in (REPO / root).rglob("*.py"):
+            if (lines := len(path.read_text().splitlines())) > 400:
+                long[str(path.relative_to(REPO))] = lines
+    assert long == {}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each project module and the project modules it names in any import: at its top, inside
+    functions, or for type checking only (a circle of types is still a circle to read)."""
+    modules = project_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        named = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    named.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                named |= {alias.name for alias in node.names}
+        graph[name] = (named & modules.keys()) - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a loop (Tarjan's
+    strongly connected components, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = stack[stack.index(node) :]
+                    del stack[stack.index(node) :]
+                    if len(group) > 1:
+                        found.append(sorted(group))
+            elif step not in index:
+                index[step] = low[step] = len(index)
+                stack.append(step)
+                work.append((step, iter(sorted(graph[step]))))
+            elif step in stack:
+                low[node] = min(low[node], index[step])
+    return found
+
+
+def test_no_modules_import_each_other() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles(import_graph()) == []

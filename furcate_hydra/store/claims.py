@@ -33,15 +33,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from furcate_hydra.store.liveness import Gone
 from furcate_hydra.store.lookup import find_runs
 from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
-
-if TYPE_CHECKING:
-    from furcate_hydra.store.run_store import RunStore
 
 __all__ = [
     "CLAIM_LOOK_S",
@@ -49,6 +47,7 @@ __all__ = [
     "WON",
     "Claim",
     "ClaimRequest",
+    "ClaimsStore",
     "ConfigClaims",
     "Verdict",
     "has_won",
@@ -130,10 +129,25 @@ def _order(record: RunRecord) -> tuple[int, str]:
     return record.start_time_ms, record.run_id
 
 
+class ClaimsStore(Protocol):
+    """What claims need of the store they are carried out in (``RunStore`` is one): the
+    protocol sits below the gateway, not beside it in a circle."""
+
+    client: Any  # MlflowClient: MLflow is imported only once a store opens
+    experiment_id: str
+    artifact_uris: dict[str, str]
+
+    def job_run_tags(self, tags: Mapping[str, str]) -> dict[str, str]: ...
+
+    def set_job_tags(self, run_id: str, tags: Mapping[str, str]) -> None: ...
+
+    def liveness(self, records: Iterable[RunRecord]) -> Gone: ...
+
+
 class ConfigClaims:
     """One launcher's claims, carried out on the runs of its store (one thread uses it)."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: ClaimsStore) -> None:
         self._store = store
 
     def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
