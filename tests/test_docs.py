@@ -131,5 +131,5 @@ def test_the_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> Non
     commands = [line.strip() for line in readme[:25] if line.startswith("    python3 -m venv")]
     assert len(commands) == 2, commands
     assert commands[0].endswith("python train.py -m batch_size=32,64")
-    assert commands[1].endswith("python -m pytest -m 'not gpu' -n 2")
+    assert commands[1].endswith("python -m pytest -m 'not gpu' -n 3")
     assert commands[1] in (REPO / ".ci" / "run").read_text()

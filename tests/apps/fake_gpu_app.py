@@ -10,6 +10,7 @@ count the jobs a GPU ran at once.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -51,7 +52,9 @@ def _hold(state: Path, gpu: str, mib: float, oom_in: str) -> None:
         others = 0.0
         for file in held.glob("*"):
             if file != mine and _alive(int(file.name)):
-                others += float(file.read_text() or 0)
+                # a job that ended since the listing frees its memory without the lock
+                with contextlib.suppress(FileNotFoundError):
+                    others += float(file.read_text() or 0)
         if others + mib > total:
             mine.unlink(missing_ok=True)
             message = (
