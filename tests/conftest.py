@@ -66,6 +66,23 @@ def run_cli(
     )
 
 
+def furcate_status(
+    sweep: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> str:
+    """``furcate status <sweep>`` as a user runs it, in its own interpreter: its output, once
+    it exited 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", "furcate_hydra.cli", "status", str(sweep)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def run_probe_sweep(
     tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

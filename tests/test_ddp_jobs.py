@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import APPS, run_cli
+from tests.conftest import APPS, furcate_status, run_cli
 from tests.process_helpers import killed_if_left, start_sweep, still_alive, wait_for
 from tests.store_helpers import job_runs
 
@@ -78,13 +76,7 @@ def test_ddp_spawn_and_the_subprocess_launcher_sweep_as_one_run_per_config(
     )
     assert rerun.returncode == 0 and "2 skipped" in rerun.stdout + rerun.stderr
     assert len(job_runs(mlflow_store)) == 2
-    status = subprocess.run(
-        [sys.executable, "-m", "furcate_hydra.cli", "status", str(tmp_path / "sweep")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        check=True,
-    ).stdout
+    status = furcate_status(tmp_path / "sweep", cwd=tmp_path)
     assert "FINISHED 2" in status  # a job a line, whatever its ranks
     assert len([line for line in status.splitlines() if "trainer=" in line]) == 3  # + command
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import APPS, run_cli
+from tests.conftest import APPS, furcate_status, run_cli
 
 FAKE_NVML = Path(__file__).parent / "fakes" / "nvml"
 
@@ -88,15 +86,7 @@ def test_a_gpu_opens_slots_as_the_measured_peaks_allow(tmp_path: Path) -> None:
     line = "GPU 0: 4 at a time, peak 2.0 GiB per job"
     assert line in out  # the summary on the console
     assert line in (tmp_path / "sweep" / "summary.md").read_text()
-    status = subprocess.run(
-        [sys.executable, "-m", "furcate_hydra.cli", "status", str(tmp_path / "sweep")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        check=True,
-    )
-    assert line in status.stdout
+    assert line in furcate_status(tmp_path / "sweep", cwd=tmp_path, env=env)
 
 
 def test_out_of_memory_beside_others_backs_off_and_every_job_finishes(tmp_path: Path) -> None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from furcate_hydra.store import Tags
-from tests.conftest import APPS
+from tests.conftest import APPS, furcate_status
 from tests.slurm_cluster import ARRAY_SWEEP_DIR, SlurmCluster, run_array, sweep_script
 from tests.store_helpers import job_runs
 from tests.test_store_server import Server
@@ -61,18 +59,12 @@ def test_an_array_of_launchers_runs_each_config_once(
     print(f"\nconfigs per array task: {dict(sorted(tasks.items()))}")
 
     # any launcher's sweep dir shows the whole sweep, and where each config ran
-    status = subprocess.run(
-        [sys.executable, "-m", "furcate_hydra.cli", "status", str(tmp_path / "multirun" / "0")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**slurm.env, "MLFLOW_TRACKING_URI": pg_mlflow.url},
-        check=False,
+    status = furcate_status(
+        tmp_path / "multirun" / "0", env={**slurm.env, "MLFLOW_TRACKING_URI": pg_mlflow.url}
     )
-    assert status.returncode == 0, status.stderr
-    assert f"FINISHED {CONFIGS}" in status.stdout, status.stdout
+    assert f"FINISHED {CONFIGS}" in status, status
     for run in runs:
         where = f"slurm {run.data.tags[Tags.SLURM_JOB]} on {slurm.node}"
         num = run.data.tags[Tags.JOB_NUM]
-        (line,) = [ln for ln in status.stdout.splitlines() if ln.split()[:1] == [num]]
-        assert where in line, status.stdout
+        (line,) = [ln for ln in status.splitlines() if ln.split()[:1] == [num]]
+        assert where in line, status

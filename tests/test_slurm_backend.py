@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from furcate_hydra.store import Tags
-from tests.conftest import APPS
+from tests.conftest import APPS, furcate_status
 from tests.slurm_cluster import SlurmCluster, wait_until
 from tests.store_helpers import job_runs
 from tests.test_store_server import Server
@@ -64,16 +64,7 @@ def sweep_from_login_node(
 
 
 def status(slurm: SlurmCluster, sweep: Path, uri: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "furcate_hydra.cli", "status", str(sweep)],
-        env={**slurm.env, "MLFLOW_TRACKING_URI": uri},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return furcate_status(sweep, env={**slurm.env, "MLFLOW_TRACKING_URI": uri})
 
 
 def ran(tmp_path: Path) -> collections.Counter[int]:
