@@ -1,0 +1,244 @@
+"""The loop Lightning's ``fit`` runs (automatic optimization), for all members at once.
+
+One vmapped ``training_step`` gives every member's loss, gradients and logged values; the
+fused optimizer steps every member that still trains. The order is Lightning's, because a
+member must train as its own run would: gradients accumulated over ``accumulate_grad_batches``
+(the loss divided by it), clipped per member, the optimizer step, step-interval schedulers;
+at the epoch's last batch the epoch-interval schedulers, then validation; plateau schedulers
+after it. What each member logged goes to the ``FusionObserver``, which may stop members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from furcate_hydra.fusion.epoch_means import EpochMeans
+from furcate_hydra.fusion.optimizer import FusedOptimizer
+from furcate_hydra.fusion.settings import TrainingShape
+from furcate_hydra.fusion.stack import MemberStack
+from furcate_hydra.fusion.step_logs import LogOptions, StepLogs
+from furcate_hydra.fusion.vmapped_step import StepFn, vmapped_step
+
+
+@dataclass
+class SchedulerPlan:
+    """One member's lr scheduler as Lightning configured it."""
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+
+    @property
+    def on_plateau(self) -> bool:
+        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+@dataclass
+class MemberTraining:
+    """One member: its module (untouched until the end), optimizer and schedulers."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedulers: list[SchedulerPlan] = field(default_factory=list)
+
+
+class FusionObserver(Protocol):
+    """What a fused fit reports, each value a ``[N]`` tensor (one per member)."""
+
+    def train_step(
+        self, step: int, epoch: int, logs: dict[str, torch.Tensor], options: dict[str, LogOptions]
+    ) -> None:
+        """After a training batch: its on_step values; ``step`` counts optimizer steps."""
+
+    def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
+        """After validation: its epoch means; returns the members that stop now (bool ``[N]``)."""
+        ...
+
+    def train_epoch_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> None:
+        """After a training epoch: the means of what was logged on_epoch in training."""
+
+
+@dataclass
+class FusedOutcome:
+    """Where each member ended: its last epoch and optimizer step."""
+
+    epochs: list[int]
+    steps: list[int]
+
+
+def fused_fit(
+    members: Sequence[MemberTraining],
+    shape: TrainingShape,
+    train_loader: Iterable[Any],
+    val_loader: Iterable[Any] | None,
+    observer: FusionObserver,
+    device: torch.device | None = None,
+) -> FusedOutcome:
+    """Train every member on the same batches; their modules hold the trained weights after."""
+    device = device or torch.device("cpu")
+    stack = MemberStack([m.module for m in members], device)
+    base = members[0].module.to(device)
+    optimizer = FusedOptimizer([m.optimizer for m in members])
+    count = len(members)
+    active = torch.ones(count, dtype=torch.bool)
+    epochs = [0] * count
+    steps = [0] * count
+    train_step = vmapped_step(
+        base, "training_step", with_grad=True, divisor=shape.accumulate_grad_batches
+    )
+    val_step = (
+        vmapped_step(base, "validation_step", with_grad=False) if val_loader is not None else None
+    )
+    step = 0
+    train_batches = shape.batches(len(train_loader), shape.limit_train_batches)  # type: ignore[arg-type]
+    epoch = 0
+    base.train()
+    while (shape.max_epochs < 0 or epoch < shape.max_epochs) and _below(step, shape.max_steps):
+        means = EpochMeans()
+        grads: dict[str, torch.Tensor] | None = None
+        for batch_idx, batch in enumerate(train_loader):
+            if batch_idx >= train_batches:
+                break
+            batch = _to(batch, device)
+            grads_now, logs = train_step(stack, batch, batch_idx)
+            grads = grads_now if grads is None else {k: grads[k] + g for k, g in grads_now.items()}
+            last = batch_idx + 1 == train_batches
+            stepped = (batch_idx + 1) % shape.accumulate_grad_batches == 0 or last
+            if stepped:
+                _clip(grads, shape)
+                optimizer.step(stack.params, grads, active)
+                grads = None
+                step += 1
+                for i in range(count):
+                    steps[i] += int(active[i])
+                _step_schedulers(members, active, "step", batch_idx + 1, plateau=False, metrics={})
+            if last:
+                _step_schedulers(members, active, "epoch", epoch + 1, plateau=False, metrics={})
+            means.add(logs.values, logs.options, _batch_size(batch))
+            observer.train_step(step, epoch, _on_step(logs), logs.options)
+            if val_step is not None and _validates(shape, epoch, batch_idx, last):
+                val_means = _validate(val_step, stack, val_loader, shape, device, base)  # type: ignore[arg-type]
+                stop = observer.validation_end(step, epoch, val_means)
+                _step_schedulers(
+                    members, active, "step", batch_idx + 1, plateau=True, metrics=val_means
+                )
+                active &= ~stop.to(torch.bool)
+            if not _below(step, shape.max_steps) or not bool(active.any()):
+                break
+        observer.train_epoch_end(step, epoch, means.result())
+        for i in range(count):
+            epochs[i] += int(active[i])
+        _step_schedulers(members, active, "epoch", epoch + 1, plateau=True, metrics=means.latest)
+        epoch += 1
+        if not bool(active.any()):
+            break
+    for i, member in enumerate(members):
+        stack.load_into(i, member.module)
+    return FusedOutcome(epochs=epochs, steps=steps)
+
+
+def _below(step: int, max_steps: int) -> bool:
+    return max_steps < 0 or step < max_steps
+
+
+def _validates(shape: TrainingShape, epoch: int, batch_idx: int, last: bool) -> bool:
+    every = shape.check_val_every_n_epoch
+    if every is not None and (epoch + 1) % every != 0:
+        return False
+    if isinstance(shape.val_check_interval, int):
+        return (batch_idx + 1) % shape.val_check_interval == 0
+    return last
+
+
+def _validate(
+    val_step: StepFn,
+    stack: MemberStack,
+    loader: Iterable[Any],
+    shape: TrainingShape,
+    device: torch.device,
+    base: nn.Module,
+) -> dict[str, torch.Tensor]:
+    base.eval()
+    means = EpochMeans()
+    batches = shape.batches(len(loader), shape.limit_val_batches)  # type: ignore[arg-type]
+    for batch_idx, batch in enumerate(loader):
+        if batch_idx >= batches:
+            break
+        batch = _to(batch, device)
+        _, logs = val_step(stack, batch, batch_idx)
+        means.add(logs.values, logs.options, _batch_size(batch))
+    base.train()
+    return means.result()
+
+
+def _clip(grads: dict[str, torch.Tensor], shape: TrainingShape) -> None:
+    """Lightning's gradient clipping (torch's clip_grad_norm_ / clip_grad_value_), per member."""
+    limit = shape.gradient_clip_val
+    if limit is None:
+        return
+    if shape.gradient_clip_algorithm == "value":
+        for g in grads.values():
+            g.clamp_(-limit, limit)
+        return
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], dim=1)
+    total = norms.norm(dim=1)
+    coef = (limit / (total + 1e-6)).clamp(max=1.0)
+    for g in grads.values():
+        g.mul_(coef.view((-1,) + (1,) * (g.dim() - 1)))
+
+
+def _step_schedulers(
+    members: Sequence[MemberTraining],
+    active: torch.Tensor,
+    interval: str,
+    index: int,
+    plateau: bool,
+    metrics: dict[str, torch.Tensor],
+) -> None:
+    """Step the schedulers Lightning would step here (``index`` counts from 1), per member."""
+    for i, member in enumerate(members):
+        if not bool(active[i]):
+            continue
+        for plan in member.schedulers:
+            if plan.on_plateau != plateau or plan.interval != interval or index % plan.frequency:
+                continue
+            if plan.on_plateau:
+                if plan.monitor is None or plan.monitor not in metrics:
+                    continue
+                plan.scheduler.step(float(metrics[plan.monitor][i]))
+            else:
+                plan.scheduler.step()
+
+
+def _on_step(logs: StepLogs) -> dict[str, torch.Tensor]:
+    return {name: value for name, value in logs.values.items() if logs.options[name].on_step}
+
+
+def _batch_size(batch: Any) -> int:
+    """Lightning's inference: the first dimension of the first tensor in the batch."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = _batch_size(item)
+            if size:
+                return size
+    return 1
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch

@@ -1,0 +1,157 @@
+"""One optimizer step over the stacked parameters, each member with its own hyperparameters.
+
+Each member keeps its own torch optimizer (built by its own ``configure_optimizers``), over
+parameters it no longer trains: it holds the member's hyperparameters, and its lr scheduler
+moves them as it would in the member's own run. Every step reads them afresh and applies
+torch's update rule (SGD, Adam, AdamW, single-tensor form) to all members at once, with the
+hyperparameters as ``[N, 1, ...]`` tensors. A member that stopped keeps its weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED = ("SGD", "Adam", "AdamW")
+# flags that change torch's update rule: the fused step implements their default only
+_DEFAULT_FLAGS = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False}
+
+
+def optimizer_refusals(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
+    """Why these members' optimizers cannot step as one (empty: they can)."""
+    kinds = {type(opt).__name__ for opt in optimizers}
+    if len(kinds) > 1:
+        return [f"its optimizer differs ({', '.join(sorted(kinds))})"]
+    kind = kinds.pop()
+    if kind not in SUPPORTED:
+        return [f"its optimizer {kind} has no fused form (fused: {', '.join(SUPPORTED)})"]
+    reasons = []
+    for opt in optimizers:
+        if len(opt.param_groups) != 1:
+            reasons.append(f"its optimizer has {len(opt.param_groups)} parameter groups")
+            break
+        group = opt.param_groups[0]
+        for flag, default in _DEFAULT_FLAGS.items():
+            if group.get(flag, default) != default:
+                reasons.append(f"its optimizer sets {flag}={group[flag]!r}")
+    if kind == "SGD" and len({bool(opt.param_groups[0]["nesterov"]) for opt in optimizers}) > 1:
+        reasons.append("its optimizer's nesterov differs")
+    return sorted(set(reasons))
+
+
+@dataclass
+class _Slot:
+    """Per-parameter state of the fused update (momentum buffers, moments)."""
+
+    first: torch.Tensor | None = None
+    second: torch.Tensor | None = None
+
+
+class FusedOptimizer:
+    """torch's SGD / Adam / AdamW over ``[N, ...]`` parameters, hyperparameters per member."""
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        reasons = optimizer_refusals(optimizers)
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        self.members = list(optimizers)
+        self.kind = type(optimizers[0]).__name__
+        self.steps = torch.zeros(len(optimizers), dtype=torch.float64)
+        self._state: dict[str, _Slot] = {}
+        for opt in optimizers:
+            # the member's scheduler steps this optimizer without it ever stepping: say it did,
+            # as the member's own run would have, so torch does not warn of the order
+            opt._opt_called = True  # type: ignore[attr-defined]
+
+    def _hyper(self, key: str) -> torch.Tensor:
+        return torch.tensor(
+            [float(opt.param_groups[0][key]) for opt in self.members], dtype=torch.float64
+        )
+
+    @torch.no_grad()
+    def step(
+        self,
+        params: dict[str, torch.Tensor],
+        grads: dict[str, torch.Tensor],
+        active: torch.Tensor,
+    ) -> None:
+        """Update ``params`` in place from ``grads`` for the members where ``active`` holds."""
+        self.steps += active.to(torch.float64).cpu()
+        if self.kind == "SGD":
+            hyper = {k: self._hyper(k) for k in ("lr", "weight_decay", "momentum", "dampening")}
+            nesterov = bool(self.members[0].param_groups[0]["nesterov"])
+        else:
+            hyper = {k: self._hyper(k) for k in ("lr", "weight_decay", "eps")}
+            betas = [opt.param_groups[0]["betas"] for opt in self.members]
+            hyper["beta1"] = torch.tensor([float(b[0]) for b in betas], dtype=torch.float64)
+            hyper["beta2"] = torch.tensor([float(b[1]) for b in betas], dtype=torch.float64)
+        for name, param in params.items():
+            grad = grads.get(name)
+            if grad is None:
+                continue
+            slot = self._state.setdefault(name, _Slot())
+            mask = _shaped(active, param).to(torch.bool)
+            if self.kind == "SGD":
+                new = self._sgd(param, grad, slot, hyper, nesterov, mask)
+            else:
+                new = self._adam(param, grad, slot, hyper, decoupled=self.kind == "AdamW")
+            param.copy_(torch.where(mask, new, param))
+
+    def _sgd(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        slot: _Slot,
+        hyper: dict[str, torch.Tensor],
+        nesterov: bool,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        # every scalar is computed in float64 first, as torch computes a Python float, and
+        # torch's in-place ``a + s * b`` is ``addcmul`` here (``a + s * b / c``: ``addcdiv``),
+        # which rounds as that kernel does: each member's update is its own optimizer's, bitwise
+        momentum = _shaped(hyper["momentum"], param)
+        grad = torch.addcmul(grad, param, _shaped(hyper["weight_decay"], param))
+        if slot.first is None:
+            buffer = grad.clone()
+        else:
+            buffer = torch.addcmul(
+                slot.first * momentum, grad, _shaped(1 - hyper["dampening"], param)
+            )
+        slot.first = torch.where(mask, buffer, slot.first if slot.first is not None else buffer)
+        moved = torch.addcmul(grad, buffer, momentum) if nesterov else buffer
+        direction = torch.where(momentum != 0, moved, grad)
+        return torch.addcmul(param, direction, _shaped(-hyper["lr"], param))
+
+    def _adam(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        slot: _Slot,
+        hyper: dict[str, torch.Tensor],
+        decoupled: bool,
+    ) -> torch.Tensor:
+        steps = self.steps.clamp(min=1)
+        lr, decay = hyper["lr"], hyper["weight_decay"]
+        if decoupled:
+            param = param * _shaped(1 - lr * decay, param)
+        else:
+            grad = torch.addcmul(grad, param, _shaped(decay, param))
+        if slot.first is None or slot.second is None:
+            slot.first = torch.zeros_like(param)
+            slot.second = torch.zeros_like(param)
+        slot.first.lerp_(grad, _shaped(1 - hyper["beta1"], param))
+        slot.second.mul_(_shaped(hyper["beta2"], param))
+        slot.second.addcmul_(grad * _shaped(1 - hyper["beta2"], param), grad)
+        step_size = _shaped(-(lr / (1 - hyper["beta1"] ** steps)), param)
+        correction2_sqrt = _shaped((1 - hyper["beta2"] ** steps) ** 0.5, param)
+        denom = (slot.second.sqrt() / correction2_sqrt).add_(_shaped(hyper["eps"], param))
+        return torch.addcdiv(param, slot.first * step_size, denom)
+
+
+def _shaped(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[N]`` values as ``[N, 1, ...]``, in ``like``'s dtype and device, to broadcast."""
+    shape = (values.shape[0],) + (1,) * (like.dim() - 1)
+    dtype = like.dtype if values.dtype != torch.bool else torch.bool
+    return values.to(device=like.device, dtype=dtype).view(shape)

@@ -1,0 +1,155 @@
+"""What members of one fused group share: a signature per member, equal within a group.
+
+Members may differ only in what changes neither shapes nor data (optimizer hyperparameters,
+loss weights, the seed of the initial weights). The signature holds the rest: the module's
+class and tensors' names, shapes and dtypes, the Trainer's training shape, and the data (its
+loaders' settings and a fingerprint of the dataset). ``differences`` names what sets a member
+apart, for its one-line reason to run alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+
+from furcate_hydra.fusion.settings import TrainingShape
+
+
+@dataclass(frozen=True)
+class LoaderSignature:
+    """A DataLoader's batches, as far as they decide what a member sees and in what order."""
+
+    batch_size: int | None
+    drop_last: bool
+    order: str  # "sequential", "random from the global stream", "random, seed N", a class
+    dataset: str  # class, length and a digest of a few samples
+
+    @classmethod
+    def of(cls, loader: Any) -> LoaderSignature:
+        if not isinstance(loader, DataLoader):
+            raise TypeError(f"its data is a {type(loader).__name__}, not a torch DataLoader")
+        return cls(
+            batch_size=loader.batch_size,
+            drop_last=bool(loader.drop_last),
+            order=_order(loader),
+            dataset=_dataset_digest(loader.dataset),
+        )
+
+    @property
+    def draws_from_global_stream(self) -> bool:
+        return self.order == "random from the global stream"
+
+
+@dataclass(frozen=True)
+class FusionSignature:
+    """Equal for all members of a fused group."""
+
+    module_class: str
+    tensors: tuple[tuple[str, tuple[int, ...], str], ...]
+    training: TrainingShape
+    train_data: LoaderSignature
+    val_data: LoaderSignature | None
+    # the global random stream at fit, when the training order draws from it: members whose
+    # order follows their seed see different batches and cannot share one loader
+    random_stream: str | None
+
+    @classmethod
+    def of(
+        cls, module: nn.Module, training: TrainingShape, train_loader: Any, val_loader: Any | None
+    ) -> FusionSignature:
+        train = LoaderSignature.of(train_loader)
+        stream = None
+        if train.draws_from_global_stream:
+            stream = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
+        tensors = [*module.named_parameters(), *module.named_buffers()]
+        return cls(
+            module_class=f"{type(module).__module__}.{type(module).__qualname__}",
+            tensors=tuple((name, tuple(t.shape), str(t.dtype)) for name, t in tensors),
+            training=training,
+            train_data=train,
+            val_data=None if val_loader is None else LoaderSignature.of(val_loader),
+            random_stream=stream,
+        )
+
+    def differences(self, other: FusionSignature) -> list[str]:
+        """What sets this member apart from ``other``'s group, one reason each."""
+        reasons = []
+        if self.module_class != other.module_class:
+            reasons.append(f"its module is a {self.module_class.rsplit('.', 1)[-1]}")
+        elif self.tensors != other.tensors:
+            reasons.append("its parameter shapes differ")
+        for key in self.training.differences(other.training):
+            reasons.append(f"its Trainer's {key} differs")
+        for label, mine, theirs in (
+            ("", self.train_data, other.train_data),
+            ("validation ", self.val_data, other.val_data),
+        ):
+            reasons.extend(_loader_differences(label, mine, theirs))
+        if not reasons and self.random_stream != other.random_stream:
+            reasons.append(
+                "its data order follows its seed (a shuffled loader without a generator)"
+            )
+        return reasons
+
+
+def _loader_differences(
+    label: str, mine: LoaderSignature | None, theirs: LoaderSignature | None
+) -> list[str]:
+    if mine is None or theirs is None:
+        return [] if mine is theirs else [f"its {label}data differs (one has none)"]
+    names = {
+        "batch_size": "batch size",
+        "drop_last": "drop_last",
+        "order": "order",
+        "dataset": "dataset",
+    }
+    return [
+        f"its {label}{names[f.name]} differs"
+        for f in fields(LoaderSignature)
+        if getattr(mine, f.name) != getattr(theirs, f.name)
+    ]
+
+
+def _order(loader: DataLoader[Any]) -> str:
+    sampler = loader.sampler
+    if isinstance(sampler, SequentialSampler):
+        return "sequential"
+    if isinstance(sampler, RandomSampler):
+        generator = sampler.generator if sampler.generator is not None else loader.generator
+        if generator is None:
+            return "random from the global stream"
+        state = hashlib.sha1(generator.get_state().numpy().tobytes()).hexdigest()[:16]
+        return f"random, generator state {state}"
+    return type(sampler).__qualname__
+
+
+def _dataset_digest(dataset: Any, samples: int = 3) -> str:
+    """Class, length and a digest of the first, middle and last samples' tensors."""
+    kind = type(dataset).__qualname__
+    try:
+        length = len(dataset)
+    except TypeError:
+        return f"{kind} (no length)"
+    digest = hashlib.sha1()
+    for index in sorted({0, length // 2, length - 1})[:samples] if length else []:
+        _feed(digest, dataset[index])
+    return f"{kind}[{length}] {digest.hexdigest()[:16]}"
+
+
+def _feed(digest: Any, sample: Any) -> None:
+    if isinstance(sample, torch.Tensor):
+        digest.update(sample.detach().cpu().contiguous().numpy().tobytes())
+    elif isinstance(sample, (list, tuple)):
+        for item in sample:
+            _feed(digest, item)
+    elif isinstance(sample, dict):
+        for key in sorted(sample):
+            digest.update(str(key).encode())
+            _feed(digest, sample[key])
+    else:
+        digest.update(repr(sample).encode())

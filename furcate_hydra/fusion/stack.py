@@ -1,0 +1,47 @@
+"""The members' parameters and buffers, stacked along a leading member axis."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class MemberStack:
+    """Each parameter and buffer of N same-shaped modules as one ``[N, ...]`` tensor.
+
+    The parameters are leaves that the fused optimizer updates in place; ``member_state``
+    gives one member's tensors back under the module's own names.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], device: torch.device | None = None) -> None:
+        if not modules:
+            raise ValueError("a fused group needs at least one member")
+        self.count = len(modules)
+        first = modules[0]
+        self.param_names = [name for name, _ in first.named_parameters()]
+        self.buffer_names = [name for name, _ in first.named_buffers()]
+        self.params: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}
+        for name in self.param_names:
+            stacked = torch.stack([dict(m.named_parameters())[name].detach() for m in modules])
+            self.params[name] = stacked.to(device).clone()
+        for name in self.buffer_names:
+            stacked = torch.stack([dict(m.named_buffers())[name].detach() for m in modules])
+            self.buffers[name] = stacked.to(device).clone()
+
+    def member_state(self, member: int) -> dict[str, torch.Tensor]:
+        """Member ``member``'s parameters and buffers, on the CPU, by the module's names."""
+        state = {name: t[member].detach().cpu().clone() for name, t in self.params.items()}
+        state.update({name: t[member].detach().cpu().clone() for name, t in self.buffers.items()})
+        return state
+
+    def load_into(self, member: int, module: nn.Module) -> None:
+        """Copy member ``member``'s trained tensors into its own module (same names, shapes)."""
+        state = self.member_state(member)
+        with torch.no_grad():
+            for name, param in module.named_parameters():
+                param.copy_(state[name])
+            for name, buffer in module.named_buffers():
+                buffer.copy_(state[name])

@@ -1,0 +1,310 @@
+"""The fused loop against Lightning's own: each member's weights equal its run alone, bitwise.
+
+Every member here is also trained by a real ``lightning.pytorch`` Trainer on its own; the fused
+loop must end each member on the very same tensors (the CPU is deterministic: no tolerance).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from furcate_hydra.fusion.fused_fit import MemberTraining, SchedulerPlan, fused_fit
+from furcate_hydra.fusion.optimizer import optimizer_refusals
+from furcate_hydra.fusion.probe import step_refusals
+from furcate_hydra.fusion.refusals import module_refusals
+from furcate_hydra.fusion.settings import TrainingShape
+from furcate_hydra.fusion.signature import FusionSignature
+from furcate_hydra.fusion.step_logs import LogOptions
+
+QUIET: dict[str, Any] = {"logger": False, "enable_checkpointing": False, "accelerator": "cpu"}
+QUIET |= {"enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0}
+
+
+class TinyMLP(L.LightningModule):
+    def __init__(
+        self, lr: float, weight_decay: float, optimizer: str = "adam", scheduler: str = "none"
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self) -> Any:
+        h: Any = self.hparams
+        params = self.parameters()
+        if h.optimizer == "adam":
+            opt: torch.optim.Optimizer = torch.optim.Adam(
+                params, lr=h.lr, weight_decay=h.weight_decay
+            )
+        elif h.optimizer == "adamw":
+            opt = torch.optim.AdamW(params, lr=h.lr, weight_decay=h.weight_decay)
+        else:
+            opt = torch.optim.SGD(
+                params, lr=h.lr, weight_decay=h.weight_decay, momentum=0.9, nesterov=True
+            )
+        if h.scheduler == "step":
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)}
+        if h.scheduler == "plateau":
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+        return opt
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning() -> None:
+    warnings.filterwarnings("ignore", module="lightning")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+
+def _loaders() -> tuple[DataLoader[Any], DataLoader[Any]]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 8, generator=generator)
+    y = torch.randint(0, 3, (96,), generator=generator)
+    return DataLoader(TensorDataset(x, y), batch_size=16), DataLoader(
+        TensorDataset(x[:32], y[:32]), batch_size=16
+    )
+
+
+CONFIGS = [(1e-1, 0.0), (1e-2, 0.1), (3e-3, 0.0), (1e-3, 0.05)]
+
+
+def _member(index: int, lr: float, decay: float, **kw: Any) -> TinyMLP:
+    torch.manual_seed(100 + index)  # each member's own initial weights
+    return TinyMLP(lr, decay, **kw)
+
+
+class Recorder:
+    """An observer that keeps what the fused loop reports and stops members when told."""
+
+    def __init__(self, count: int, stop_after_epoch: dict[int, int] | None = None) -> None:
+        self.count = count
+        self.stop_after_epoch = stop_after_epoch or {}
+        self.steps: list[tuple[int, dict[str, torch.Tensor], dict[str, LogOptions]]] = []
+        self.validations: list[dict[str, torch.Tensor]] = []
+        self.epochs: list[dict[str, torch.Tensor]] = []
+
+    def train_step(
+        self, step: int, epoch: int, logs: dict[str, torch.Tensor], options: dict[str, LogOptions]
+    ) -> None:
+        self.steps.append((step, logs, options))
+
+    def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.validations.append(means)
+        return torch.tensor([self.stop_after_epoch.get(i) == epoch for i in range(self.count)])
+
+    def train_epoch_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> None:
+        self.epochs.append(means)
+
+
+def _fuse(modules: list[TinyMLP], trainer_kwargs: dict[str, Any], recorder: Recorder) -> None:
+    train, val = _loaders()
+    members = []
+    for module in modules:
+        configured = module.configure_optimizers()
+        if isinstance(configured, dict):
+            scheduler = configured["lr_scheduler"]
+            plan = (
+                SchedulerPlan(**scheduler)
+                if isinstance(scheduler, dict)
+                else SchedulerPlan(scheduler)
+            )
+            members.append(MemberTraining(module, configured["optimizer"], [plan]))
+        else:
+            members.append(MemberTraining(module, configured))
+    shape = TrainingShape.from_trainer(L.Trainer(**QUIET, **trainer_kwargs))
+    fused_fit(members, shape, train, val, recorder)
+
+
+def _alone(
+    index: int, lr: float, decay: float, trainer_kwargs: dict[str, Any], **kw: Any
+) -> tuple[TinyMLP, Any]:
+    module = _member(index, lr, decay, **kw)
+    trainer = L.Trainer(**QUIET, **trainer_kwargs)
+    train, val = _loaders()
+    trainer.fit(module, train, val)
+    return module, trainer
+
+
+def _assert_same_weights(fused: nn.Module, alone: nn.Module) -> None:
+    for (name, a), b in zip(fused.state_dict().items(), alone.state_dict().values(), strict=True):
+        assert torch.equal(a, b), f"{name}: max difference {(a - b).abs().max().item()}"
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "scheduler", "trainer_kwargs"),
+    [
+        ("adam", "none", {"max_epochs": 4}),
+        (
+            "adamw",
+            "step",
+            {"max_epochs": 5, "accumulate_grad_batches": 4, "gradient_clip_val": 0.5},
+        ),
+        (
+            "sgd",
+            "step",
+            {"max_steps": 9, "gradient_clip_val": 0.2, "gradient_clip_algorithm": "value"},
+        ),
+        ("adam", "plateau", {"max_epochs": 4, "limit_train_batches": 4}),
+    ],
+)
+def test_each_member_ends_on_the_weights_of_its_own_run(
+    optimizer: str, scheduler: str, trainer_kwargs: dict[str, Any]
+) -> None:
+    kw = {"optimizer": optimizer, "scheduler": scheduler}
+    fused = [_member(i, lr, wd, **kw) for i, (lr, wd) in enumerate(CONFIGS)]
+    recorder = Recorder(len(CONFIGS))
+    _fuse(fused, trainer_kwargs, recorder)
+    for i, (lr, wd) in enumerate(CONFIGS):
+        alone, trainer = _alone(i, lr, wd, trainer_kwargs, **kw)
+        _assert_same_weights(fused[i], alone)
+        # what the member logged is what its own run logged
+        epoch_loss = recorder.epochs[-1]["train_loss"][i]
+        torch.testing.assert_close(epoch_loss, trainer.callback_metrics["train_loss_epoch"])
+        torch.testing.assert_close(
+            recorder.validations[-1]["val_loss"][i], trainer.callback_metrics["val_loss"]
+        )
+
+
+def test_a_stopped_member_keeps_the_weights_its_run_stopped_on() -> None:
+    fused = [_member(i, lr, wd) for i, (lr, wd) in enumerate(CONFIGS)]
+    recorder = Recorder(len(CONFIGS), stop_after_epoch={1: 0, 2: 2})
+    _fuse(fused, {"max_epochs": 4}, recorder)
+    for i, epochs in ((0, 4), (1, 1), (2, 3)):
+        alone, _ = _alone(i, *CONFIGS[i], {"max_epochs": epochs})
+        _assert_same_weights(fused[i], alone)
+
+
+def test_each_step_reports_every_members_logged_value_with_lightnings_defaults() -> None:
+    fused = [_member(i, lr, wd) for i, (lr, wd) in enumerate(CONFIGS)]
+    recorder = Recorder(len(CONFIGS))
+    _fuse(fused, {"max_epochs": 1}, recorder)
+    steps = [step for step, _, _ in recorder.steps]
+    assert steps == list(range(1, 7))  # 96 samples, batches of 16: six optimizer steps
+    _, logs, options = recorder.steps[0]
+    assert logs["train_loss"].shape == (len(CONFIGS),)
+    assert options["train_loss"].on_step and options["train_loss"].on_epoch
+
+
+class WithBatchNorm(TinyMLP):
+    def __init__(self) -> None:
+        super().__init__(1e-3, 0.0)
+        self.norm = nn.BatchNorm1d(16)
+
+
+class WithDropout(TinyMLP):
+    def __init__(self) -> None:
+        super().__init__(1e-3, 0.0)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1), nn.Linear(16, 3))
+
+
+def test_modules_that_keep_state_or_draw_random_numbers_are_refused_with_the_layer_named() -> None:
+    assert module_refusals(_member(0, 1e-3, 0.0)) == []
+    assert module_refusals(WithBatchNorm()) == ["BatchNorm1d keeps running statistics"]
+    assert module_refusals(WithDropout()) == ["Dropout draws random numbers in training"]
+    manual = _member(0, 1e-3, 0.0)
+    manual.automatic_optimization = False
+    assert module_refusals(manual) == ["it optimizes by hand (automatic_optimization=False)"]
+
+
+class WithMetric(TinyMLP):
+    def __init__(self) -> None:
+        from torchmetrics.classification import MulticlassAccuracy
+
+        super().__init__(1e-3, 0.0)
+        self.accuracy = MulticlassAccuracy(num_classes=3)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        self.accuracy(logits, y)
+        return F.cross_entropy(logits, y)
+
+
+class Branching(TinyMLP):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if loss > 1.0:  # a Python branch on each member's own value
+            return loss * 2
+        return loss
+
+
+def test_the_probe_names_what_only_running_a_step_shows() -> None:
+    train, val = _loaders()
+    batch = next(iter(train))
+    assert step_refusals(_member(0, 1e-3, 0.0), batch, next(iter(val))) == []
+    metric = WithMetric()
+    assert step_refusals(metric, batch, None) == ["MulticlassAccuracy updated inside training_step"]
+    assert metric.accuracy.update_count == 0  # the member's own metric was not touched
+    assert step_refusals(Branching(1e-3, 0.0), batch, None) == [
+        "its training_step branches on a tensor's value"
+    ]
+
+
+def test_optimizers_without_a_fused_form_are_refused() -> None:
+    params = [nn.Parameter(torch.zeros(2))]
+    assert optimizer_refusals([torch.optim.Adam(params), torch.optim.Adam(params, lr=0.1)]) == []
+    assert optimizer_refusals([torch.optim.RMSprop(params)]) == [
+        "its optimizer RMSprop has no fused form (fused: SGD, Adam, AdamW)"
+    ]
+    assert optimizer_refusals([torch.optim.Adam(params, amsgrad=True)]) == [
+        "its optimizer sets amsgrad=True"
+    ]
+    assert optimizer_refusals([torch.optim.Adam(params), torch.optim.SGD(params)]) == [
+        "its optimizer differs (Adam, SGD)"
+    ]
+
+
+def _signature(
+    module: nn.Module, batch_size: int = 16, shuffle: bool = False, **trainer: Any
+) -> FusionSignature:
+    train, val = _loaders()
+    train = DataLoader(train.dataset, batch_size=batch_size, shuffle=shuffle)
+    shape = TrainingShape.from_trainer(L.Trainer(**QUIET, **({"max_epochs": 3} | trainer)))
+    return FusionSignature.of(module, shape, train, val)
+
+
+def test_members_differing_in_hyperparameters_share_a_signature_and_others_say_why_not() -> None:
+    group = _signature(_member(0, 1e-3, 0.0))
+    assert _signature(_member(1, 1e-1, 0.3)) == group
+    assert _signature(_member(1, 1e-3, 0.0), batch_size=32).differences(group) == [
+        "its batch size differs"
+    ]
+    assert _signature(_member(1, 1e-3, 0.0), max_epochs=4).differences(group) == [
+        "its Trainer's max_epochs differs"
+    ]
+    assert _signature(WithBatchNorm()).differences(group) == ["its module is a WithBatchNorm"]
+    wider = _member(1, 1e-3, 0.0)
+    wider.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    assert _signature(wider).differences(group) == ["its parameter shapes differ"]
+    # a shuffled loader drawing from the global stream: members seeded alike share an order
+    first, second = _member(0, 1e-3, 0.0), _member(1, 1e-2, 0.0)
+    torch.manual_seed(7)
+    shuffled = _signature(first, shuffle=True)
+    torch.manual_seed(7)
+    assert _signature(second, shuffle=True) == shuffled
+    torch.manual_seed(8)
+    assert _signature(second, shuffle=True).differences(shuffled) == [
+        "its data order follows its seed (a shuffled loader without a generator)"
+    ]
