@@ -308,3 +308,70 @@ def test_members_differing_in_hyperparameters_share_a_signature_and_others_say_w
     assert _signature(second, shuffle=True).differences(shuffled) == [
         "its data order follows its seed (a shuffled loader without a generator)"
     ]
+
+
+def _state_equal(fused: dict[str, Any], alone: dict[str, Any]) -> None:
+    """Two optimizer state_dicts hold the same tensors and hyperparameters."""
+    assert fused["param_groups"] == alone["param_groups"]
+    assert fused["state"].keys() == alone["state"].keys()
+    for index, entry in alone["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(
+                torch.as_tensor(fused["state"][index][key]), torch.as_tensor(value)
+            ), key
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_each_members_optimizer_holds_the_state_its_own_run_ends_with(optimizer: str) -> None:
+    kw = {"optimizer": optimizer, "scheduler": "step"}
+    fused = [_member(i, lr, wd, **kw) for i, (lr, wd) in enumerate(CONFIGS)]
+    train, val = _loaders()
+    members = []
+    for module in fused:
+        configured = module.configure_optimizers()
+        members.append(
+            MemberTraining(
+                module, configured["optimizer"], [SchedulerPlan(configured["lr_scheduler"])]
+            )
+        )
+    shape = TrainingShape.from_trainer(L.Trainer(**QUIET, max_epochs=3))
+    fused_fit(members, shape, train, val, Recorder(len(CONFIGS)))
+    for i, (lr, wd) in enumerate(CONFIGS):
+        _, trainer = _alone(i, lr, wd, {"max_epochs": 3}, **kw)
+        _state_equal(members[i].optimizer.state_dict(), trainer.optimizers[0].state_dict())
+        assert (
+            members[i].schedulers[0].scheduler.state_dict()
+            == trainer.lr_scheduler_configs[0].scheduler.state_dict()
+        )
+
+
+def test_members_resumed_from_their_checkpoints_end_as_an_uninterrupted_run() -> None:
+    kw = {"optimizer": "adam", "scheduler": "step"}
+    train, val = _loaders()
+
+    def training(modules: list[TinyMLP]) -> list[MemberTraining]:
+        out = []
+        for module in modules:
+            configured = module.configure_optimizers()
+            plan = SchedulerPlan(configured["lr_scheduler"])
+            out.append(MemberTraining(module, configured["optimizer"], [plan]))
+        return out
+
+    first = training([_member(i, lr, wd, **kw) for i, (lr, wd) in enumerate(CONFIGS)])
+    two = TrainingShape.from_trainer(L.Trainer(**QUIET, max_epochs=2))
+    outcome = fused_fit(first, two, train, val, Recorder(len(CONFIGS)))
+    # each member's checkpoint, in torch's own forms, read into fresh objects (a new process)
+    saved = [
+        (m.module.state_dict(), m.optimizer.state_dict(), m.schedulers[0].scheduler.state_dict())
+        for m in first
+    ]
+    resumed = training([_member(i, lr, wd, **kw) for i, (lr, wd) in enumerate(CONFIGS)])
+    for member, (weights, optimizer, scheduler) in zip(resumed, saved, strict=True):
+        member.module.load_state_dict(weights)
+        member.optimizer.load_state_dict(optimizer)
+        member.schedulers[0].scheduler.load_state_dict(scheduler)
+    four = TrainingShape.from_trainer(L.Trainer(**QUIET, max_epochs=4))
+    fused_fit(resumed, four, train, val, Recorder(len(CONFIGS)), start=(2, outcome.steps[0]))
+    for i, (lr, wd) in enumerate(CONFIGS):
+        alone, _ = _alone(i, lr, wd, {"max_epochs": 4}, **kw)
+        _assert_same_weights(resumed[i].module, alone)

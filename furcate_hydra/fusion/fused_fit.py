@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from furcate_hydra.fusion.epoch_means import EpochMeans
-from furcate_hydra.fusion.optimizer import FusedOptimizer
+from furcate_hydra.fusion.optimizer import FusedOptimizer, optimized_names
 from furcate_hydra.fusion.settings import TrainingShape
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.step_logs import LogOptions, StepLogs
@@ -79,25 +79,28 @@ def fused_fit(
     val_loader: Iterable[Any] | None,
     observer: FusionObserver,
     device: torch.device | None = None,
+    start: tuple[int, int] = (0, 0),
 ) -> FusedOutcome:
-    """Train every member on the same batches; their modules hold the trained weights after."""
+    """Train every member on the same batches; their modules hold the trained weights after,
+    their optimizers their state. ``start``: the (epoch, optimizer step) the members resume
+    at, their modules, optimizers and schedulers restored from their checkpoints."""
     device = device or torch.device("cpu")
     stack = MemberStack([m.module for m in members], device)
     base = members[0].module.to(device)
-    optimizer = FusedOptimizer([m.optimizer for m in members])
+    names = optimized_names(members[0].module, members[0].optimizer)
+    optimizer = FusedOptimizer([m.optimizer for m in members], names).to(device)
     count = len(members)
     active = torch.ones(count, dtype=torch.bool)
-    epochs = [0] * count
-    steps = [0] * count
+    epochs = [start[0]] * count
+    steps = [start[1]] * count
     train_step = vmapped_step(
         base, "training_step", with_grad=True, divisor=shape.accumulate_grad_batches
     )
     val_step = (
         vmapped_step(base, "validation_step", with_grad=False) if val_loader is not None else None
     )
-    step = 0
+    epoch, step = start
     train_batches = shape.batches(len(train_loader), shape.limit_train_batches)  # type: ignore[arg-type]
-    epoch = 0
     base.train()
     while (shape.max_epochs < 0 or epoch < shape.max_epochs) and _below(step, shape.max_steps):
         means = EpochMeans()
@@ -140,6 +143,7 @@ def fused_fit(
             break
     for i, member in enumerate(members):
         stack.load_into(i, member.module)
+    optimizer.sync_to_members()
     return FusedOutcome(epochs=epochs, steps=steps)
 
 

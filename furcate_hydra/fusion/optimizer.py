@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 SUPPORTED = ("SGD", "Adam", "AdamW")
 # flags that change torch's update rule: the fused step implements their default only
@@ -41,6 +42,14 @@ def optimizer_refusals(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]
     return sorted(set(reasons))
 
 
+# what torch's optimizers hold per parameter, as the fused state's first and second slots
+_STATE_KEYS = {
+    "SGD": ("momentum_buffer",),
+    "Adam": ("exp_avg", "exp_avg_sq"),
+    "AdamW": ("exp_avg", "exp_avg_sq"),
+}
+
+
 @dataclass
 class _Slot:
     """Per-parameter state of the fused update (momentum buffers, moments)."""
@@ -49,14 +58,31 @@ class _Slot:
     second: torch.Tensor | None = None
 
 
-class FusedOptimizer:
-    """torch's SGD / Adam / AdamW over ``[N, ...]`` parameters, hyperparameters per member."""
+def optimized_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names (in ``module``) of the parameters ``optimizer`` updates, in its group's order."""
+    names = {id(param): name for name, param in module.named_parameters()}
+    order = [names.get(id(param)) for param in optimizer.param_groups[0]["params"]]
+    if None in order:
+        raise ValueError("its optimizer updates tensors that are not its module's parameters")
+    return [name for name in order if name is not None]
 
-    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+
+class FusedOptimizer:
+    """torch's SGD / Adam / AdamW over ``[N, ...]`` parameters, hyperparameters per member.
+
+    ``names`` are the parameters each member's optimizer updates, in its group's order (the
+    same for all: one architecture). The state each member's optimizer already holds (a
+    member resumed from its checkpoint) is taken in; ``sync_to_members`` writes each member's
+    state back into its own optimizer, where its ``state_dict`` (a checkpoint) finds it in
+    torch's own form.
+    """
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], names: Sequence[str]) -> None:
         reasons = optimizer_refusals(optimizers)
         if reasons:
             raise ValueError("; ".join(reasons))
         self.members = list(optimizers)
+        self.names = list(names)
         self.kind = type(optimizers[0]).__name__
         self.steps = torch.zeros(len(optimizers), dtype=torch.float64)
         self._state: dict[str, _Slot] = {}
@@ -64,6 +90,63 @@ class FusedOptimizer:
             # the member's scheduler steps this optimizer without it ever stepping: say it did,
             # as the member's own run would have, so torch does not warn of the order
             opt._opt_called = True  # type: ignore[attr-defined]
+        self._take_in_member_state()
+
+    # -- torch's own form of each member's state ----------------------------------------------
+
+    def _take_in_member_state(self) -> None:
+        for member, opt in enumerate(self.members):
+            for name, param in zip(self.names, opt.param_groups[0]["params"], strict=True):
+                held = opt.state.get(param)
+                if not held:
+                    continue
+                if "step" in held:
+                    self.steps[member] = float(held["step"])
+                slot = self._state.setdefault(name, _Slot())
+                for attribute, key in zip(
+                    ("first", "second"), _STATE_KEYS[self.kind], strict=False
+                ):
+                    if held.get(key) is None:
+                        continue
+                    stacked = getattr(slot, attribute)
+                    if stacked is None:
+                        shape = (len(self.members), *held[key].shape)
+                        stacked = torch.zeros(shape, dtype=held[key].dtype)
+                        setattr(slot, attribute, stacked)
+                    stacked[member] = held[key]
+        if (
+            self.kind == "SGD" and self._state
+        ):  # torch counts no steps for SGD: any buffer is past one
+            self.steps[:] = torch.maximum(self.steps, torch.ones_like(self.steps))
+
+    def to(self, device: torch.device) -> FusedOptimizer:
+        """The state on ``device`` (where the stacked parameters are)."""
+        for slot in self._state.values():
+            slot.first = None if slot.first is None else slot.first.to(device)
+            slot.second = None if slot.second is None else slot.second.to(device)
+        return self
+
+    @torch.no_grad()
+    def sync_to_members(self) -> None:
+        """Write each member's state into its own optimizer, as torch would hold it."""
+        for member, opt in enumerate(self.members):
+            if self.steps[member] == 0:
+                continue
+            for name, param in zip(self.names, opt.param_groups[0]["params"], strict=True):
+                slot = self._state.get(name)
+                if slot is None or slot.first is None:
+                    continue
+                if self.kind == "SGD":
+                    momentum = float(opt.param_groups[0]["momentum"])
+                    buffer = slot.first[member].detach().cpu().clone() if momentum else None
+                    opt.state[param] = {"momentum_buffer": buffer}
+                    continue
+                assert slot.second is not None
+                opt.state[param] = {
+                    "step": torch.tensor(float(self.steps[member]), dtype=torch.float32),
+                    "exp_avg": slot.first[member].detach().cpu().clone(),
+                    "exp_avg_sq": slot.second[member].detach().cpu().clone(),
+                }
 
     def _hyper(self, key: str) -> torch.Tensor:
         return torch.tensor(
@@ -87,7 +170,8 @@ class FusedOptimizer:
             betas = [opt.param_groups[0]["betas"] for opt in self.members]
             hyper["beta1"] = torch.tensor([float(b[0]) for b in betas], dtype=torch.float64)
             hyper["beta2"] = torch.tensor([float(b[1]) for b in betas], dtype=torch.float64)
-        for name, param in params.items():
+        for name in self.names:
+            param = params[name]
             grad = grads.get(name)
             if grad is None:
                 continue
