@@ -375,3 +375,50 @@ def test_members_resumed_from_their_checkpoints_end_as_an_uninterrupted_run() ->
     for i, (lr, wd) in enumerate(CONFIGS):
         alone, _ = _alone(i, lr, wd, {"max_epochs": 4}, **kw)
         _assert_same_weights(resumed[i].module, alone)
+
+
+class Weighted(TinyMLP):
+    """A loss weight kept as a plain number, in ``hparams`` and as an attribute."""
+
+    def __init__(self, lr: float, weight_decay: float, alpha: float, smoothing: float) -> None:
+        super().__init__(lr, weight_decay)
+        self.save_hyperparameters()
+        self.smoothing = smoothing
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        h: Any = self.hparams
+        loss: torch.Tensor = F.cross_entropy(self(x), y) * h.alpha
+        loss = loss + self.smoothing * self(x).pow(2).mean()
+        self.log("train_loss", loss)
+        return loss
+
+
+def test_members_differing_in_a_loss_weight_each_train_with_their_own() -> None:
+    weights = [(0.5, 0.0), (1.0, 0.1), (2.0, 0.01)]
+    train, _ = _loaders()
+
+    def build(i: int, alpha: float, smoothing: float) -> Weighted:
+        torch.manual_seed(100 + i)
+        return Weighted(1e-2, 0.0, alpha, smoothing)
+
+    fused = [build(i, *w) for i, w in enumerate(weights)]
+    members = [MemberTraining(m, m.configure_optimizers()) for m in fused]
+    shape = TrainingShape.from_trainer(L.Trainer(**QUIET, max_epochs=2))
+    fused_fit(members, shape, train, None, Recorder(len(weights)))
+    for i, w in enumerate(weights):
+        alone = build(i, *w)
+        L.Trainer(**QUIET, max_epochs=2).fit(alone, train)
+        _assert_same_weights(fused[i], alone)
+        assert fused[i].hparams["alpha"] == w[0] and fused[i].smoothing == w[1]  # left as they were
+
+
+def test_members_differing_in_a_non_float_attribute_are_refused_with_its_name() -> None:
+    from furcate_hydra.fusion.member_scalars import differing_scalars
+
+    first, second = _member(0, 1e-3, 0.0), _member(1, 1e-2, 0.0)
+    second.layers_to_skip = 2  # type: ignore[assignment]
+    first.layers_to_skip = 1  # type: ignore[assignment]
+    scalars, reasons = differing_scalars([first, second])
+    assert set(scalars) == {"hparams.lr"}
+    assert reasons == ["its module's layers_to_skip differs (1, 2…)"]

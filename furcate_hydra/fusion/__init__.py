@@ -3,11 +3,17 @@ hyperparameters) trained as one vmapped model in one process, each still its own
 
 Runs in the job's process, beside the app's Lightning: torch is imported here.
 
-    stack.py        the members' parameters and buffers stacked along a leading member axis
-    step_logs.py    what ``self.log`` records inside a vmapped step, per member
-    optimizer.py    one optimizer step over the stacked parameters, each member's own
-                    hyperparameters read from its own torch optimizer (its scheduler moves them)
-    settings.py     the Trainer settings that shape training, read from a Trainer
-    refusals.py     why a module cannot be fused: one line per reason
-    fused_fit.py    the training loop Lightning's fit runs, for all members at once
+    stack.py           the members' parameters and buffers along a leading member axis
+    member_scalars.py  plain numbers that differ per member (a loss weight), per member
+    vmapped_step.py    a module's hook run for every member at once
+    step_logs.py       what ``self.log`` records inside a vmapped step, per member
+    epoch_means.py     a logged name's epoch value, reduced as Lightning reduces it
+    optimizer.py       one optimizer step over the stacked parameters, each member's own
+                       hyperparameters read from its own torch optimizer (its scheduler
+                       moves them), its state in torch's own form in and out
+    settings.py        the Trainer settings that shape training, read from a Trainer
+    fused_fit.py       the training loop Lightning's fit runs, for all members at once
+    signature.py       what the members of a group share
+    refusals.py        why a module cannot be fused, read from it: one line per reason
+    probe.py           why it cannot, shown by running one step
 """

@@ -86,6 +86,8 @@ def fused_fit(
     at, their modules, optimizers and schedulers restored from their checkpoints."""
     device = device or torch.device("cpu")
     stack = MemberStack([m.module for m in members], device)
+    if stack.scalar_refusals:
+        raise ValueError("; ".join(stack.scalar_refusals))
     base = members[0].module.to(device)
     names = optimized_names(members[0].module, members[0].optimizer)
     optimizer = FusedOptimizer([m.optimizer for m in members], names).to(device)

@@ -7,9 +7,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from furcate_hydra.fusion.member_scalars import differing_scalars
+
 
 class MemberStack:
-    """Each parameter and buffer of N same-shaped modules as one ``[N, ...]`` tensor.
+    """Each parameter and buffer of N same-shaped modules as one ``[N, ...]`` tensor, and
+    each plain float that differs between them as one ``[N]`` tensor (``scalars``).
 
     The parameters are leaves that the fused optimizer updates in place; ``member_state``
     gives one member's tensors back under the module's own names.
@@ -30,6 +33,9 @@ class MemberStack:
         for name in self.buffer_names:
             stacked = torch.stack([dict(m.named_buffers())[name].detach() for m in modules])
             self.buffers[name] = stacked.to(device).clone()
+        dtype = next(iter(self.params.values())).dtype if self.params else torch.float32
+        scalars, self.scalar_refusals = differing_scalars(modules, dtype)
+        self.scalars = {name: values.to(device) for name, values in scalars.items()}
 
     def member_state(self, member: int) -> dict[str, torch.Tensor]:
         """Member ``member``'s parameters and buffers, on the CPU, by the module's names."""

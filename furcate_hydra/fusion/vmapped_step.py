@@ -1,8 +1,9 @@
 """A LightningModule hook run for every member at once: ``vmap`` over the stacked tensors.
 
-The hook runs on one module (the first member's), its parameters and buffers swapped for
-each member's slice of the stack for the call; what it logs is recorded per member
-(``step_logs``); a training step's gradients come back stacked like the parameters.
+The hook runs on one module (the first member's), its parameters, buffers and differing
+plain numbers (``member_scalars``) swapped for each member's slice of the stack for the
+call; what it logs is recorded per member (``step_logs``); a training step's gradients come
+back stacked like the parameters.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 from torch.nn.utils.stateless import _reparametrize_module
 
+from furcate_hydra.fusion.member_scalars import scalars_set
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.step_logs import LogOptions, StepLogs, UnfusableStep, recording_logs
 
@@ -29,11 +31,16 @@ def vmapped_step(base: nn.Module, hook: str, with_grad: bool, divisor: int = 1) 
     def one_member(
         params: dict[str, torch.Tensor],
         buffers: dict[str, torch.Tensor],
+        scalars: dict[str, torch.Tensor],
         batch: Any,
         batch_idx: int,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logs = StepLogs(in_training=hook == "training_step")
-        with _reparametrize_module(base, {**params, **buffers}), recording_logs(base, logs):
+        with (
+            _reparametrize_module(base, {**params, **buffers}),
+            scalars_set(base, scalars),
+            recording_logs(base, logs),
+        ):
             output = getattr(base, hook)(batch, batch_idx)
         options_seen.clear()
         options_seen.update(logs.options)
@@ -49,12 +56,12 @@ def vmapped_step(base: nn.Module, hook: str, with_grad: bool, divisor: int = 1) 
     ) -> tuple[dict[str, torch.Tensor], StepLogs]:
         logs = StepLogs(in_training=hook == "training_step")
         if with_grad:
-            fn = vmap(grad_and_value(one_member, has_aux=True), in_dims=(0, 0, None, None))
-            grads, (_, values) = fn(stack.params, stack.buffers, batch, batch_idx)
+            fn = vmap(grad_and_value(one_member, has_aux=True), in_dims=(0, 0, 0, None, None))
+            grads, (_, values) = fn(stack.params, stack.buffers, stack.scalars, batch, batch_idx)
         else:
             with torch.no_grad():
-                _, values = vmap(one_member, in_dims=(0, 0, None, None))(
-                    stack.params, stack.buffers, batch, batch_idx
+                _, values = vmap(one_member, in_dims=(0, 0, 0, None, None))(
+                    stack.params, stack.buffers, stack.scalars, batch, batch_idx
                 )
             grads = {}
         logs.values = {k: v.detach() for k, v in values.items()}

@@ -1,0 +1,175 @@
+"""Fused training against one Lightning fit per config, in one process on one core.
+
+The fused loop (``furcate_hydra.fusion``) trains N configs (a grid of lr x weight decay) of
+one small model as one vmapped model; the anchor trains the same N configs one Lightning
+``Trainer.fit`` after another in one process, with the same data and epochs: what a slot
+does for N jobs, less the per-process cost (a fork, the job's MLflow run, Hydra's set-up),
+which the launcher's fused path also saves. Each variant runs in its own process (its peak
+memory is its own), torch on one thread (a slot's pinned core).
+
+Models: ``mlp`` (32 -> 64 -> 10 on 2,048 fixed samples, batches of 64), ``cnn`` (two 3x3
+convolutions of 8 and 16 channels on 1x28x28 inputs, 1,024 samples, batches of 64).
+Figures: wall time, samples/s summed over the members, peak RSS less the process's RSS
+before training, per member.
+
+    python bench/fused_training.py                       # mlp and cnn, N = 8, 32, 128
+    python bench/fused_training.py --models mlp --sizes 8 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+EPOCHS = 2
+DATA = {"mlp": (2048, (32,)), "cnn": (1024, (1, 28, 28))}
+
+
+def _one(model: str, variant: str, count: int) -> dict[str, Any]:
+    """Train ``count`` configs of ``model`` one way; the figures of that run."""
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from furcate_hydra.fusion.fused_fit import MemberTraining, fused_fit
+    from furcate_hydra.fusion.settings import TrainingShape
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+    class Small(L.LightningModule):
+        def __init__(self, lr: float, weight_decay: float) -> None:
+            super().__init__()
+            self.lr, self.weight_decay = lr, weight_decay
+            if model == "mlp":
+                self.net: nn.Module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+            else:
+                self.net = nn.Sequential(
+                    nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                    nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                    nn.Flatten(), nn.Linear(16 * 7 * 7, 10),
+                )  # fmt: skip
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            loss = F.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+    samples, shape = DATA[model]
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(
+        torch.randn(samples, *shape, generator=generator),
+        torch.randint(0, 10, (samples,), generator=generator),
+    )
+    loader = DataLoader(data, batch_size=64)
+    configs = [(10 ** -(1 + i % 4), 0.01 * (i // 4)) for i in range(count)]
+    quiet: dict[str, Any] = {
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+    }
+    quiet |= {"enable_model_summary": False, "accelerator": "cpu", "max_epochs": EPOCHS}
+    modules = []
+    for i, (lr, decay) in enumerate(configs):
+        torch.manual_seed(i)
+        modules.append(Small(lr, decay))
+    before = _rss_mib()
+    began = time.perf_counter()
+    if variant == "fused":
+
+        class Silent:
+            def train_step(self, *args: Any) -> None: ...
+            def validation_end(self, *args: Any) -> Any:
+                return torch.zeros(count, dtype=torch.bool)
+
+            def train_epoch_end(self, *args: Any) -> None: ...
+
+        members = [MemberTraining(m, m.configure_optimizers()) for m in modules]
+        fused_fit(members, TrainingShape.from_trainer(L.Trainer(**quiet)), loader, None, Silent())
+    else:
+        for module in modules:
+            L.Trainer(**quiet).fit(module, loader)
+    wall = time.perf_counter() - began
+    return {
+        "model": model,
+        "variant": variant,
+        "members": count,
+        "wall_s": round(wall, 3),
+        "samples_per_s": round(count * samples * EPOCHS / wall, 1),
+        "peak_mib_per_member": round(max(0.0, _peak_mib() - before) / count, 3),
+    }
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    header = f"{'model':5} {'N':>4} {'one fit each':>13} {'fused':>9} {'ratio':>7}"
+    print(f"{header} {'samples/s alone/fused':>21} {'MiB/member a/f':>17}")
+    by = {(r["model"], r["members"], r["variant"]): r for r in rows}
+    for model, count in sorted({(r["model"], r["members"]) for r in rows}):
+        alone, fused = by[(model, count, "alone")], by[(model, count, "fused")]
+        print(
+            f"{model:5} {count:>4} {alone['wall_s']:>12.2f}s {fused['wall_s']:>8.2f}s "
+            f"{fused['wall_s'] / alone['wall_s']:>7.3f} "
+            f"{alone['samples_per_s']:>10.0f}/{fused['samples_per_s']:<10.0f} "
+            f"{alone['peak_mib_per_member']:>8.2f}/{fused['peak_mib_per_member']:<8.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=sorted(DATA))
+    parser.add_argument("--sizes", nargs="+", type=int, default=[8, 32, 128])
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "VARIANT", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(_one(args.one[0], args.one[1], int(args.one[2]))))
+        return
+    from bench.harness import machine, publish
+
+    at_start = machine()
+    rows = []
+    for model in args.models:
+        for count in args.sizes:
+            for variant in ("alone", "fused"):
+                done = subprocess.run(
+                    [sys.executable, __file__, "--one", model, variant, str(count)],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(rows[-1], flush=True)
+    publish(
+        "fused_training", at_start, {"epochs": EPOCHS, "rows": rows}, lambda f: _table(f["rows"])
+    )
+
+
+if __name__ == "__main__":
+    main()
