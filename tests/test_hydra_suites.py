@@ -8,7 +8,9 @@ Hydra's basic launcher, ``hydra/sweeper=furcate``, in three shapes:
   with the default rerun policy a config finished in an earlier test is skipped, and its
   JobReturn must still satisfy the suite (the recorded return value, a working dir with the
   job's log and ``.hydra/`` files). The integration suite's tasks write files as they run,
-  which a skipped job cannot, so its shared-store shape runs every job.
+  which a skipped job cannot: a shared store would have it run every job again, which the
+  launcher suite's shared-store shape already covers (other sweeps in the store), so the
+  integration suite runs on a store of its own per test.
 
 The suites' tasks do not use torch, so the fork server preloads nothing here; the default
 preload is exercised by the reference-app tests.
@@ -99,17 +101,6 @@ class TestFurcateLauncherSharedStore(LauncherTestSuite):
 )
 class TestFurcateLauncherIntegration(IntegrationTestSuite):
     pass
-
-
-@mark.slow
-@mark.xdist_group("integration-shared-store")
-@mark.usefixtures("class_store")
-@mark.parametrize(
-    "task_launcher_cfg, extra_flags",
-    [({}, ["-m", "hydra/job_logging=disabled", "hydra/launcher=furcate", *FAST])],
-)
-class TestFurcateLauncherIntegrationSharedStore(IntegrationTestSuite):
-    """Every test's runs in one store: sweeps and runs of other tests do not get in the way."""
 
 
 SWEEPER = ["hydra/sweeper=furcate"]
