@@ -10,10 +10,11 @@ memory is its own), torch on one thread (a slot's pinned core).
 Models: ``mlp`` (32 -> 64 -> 10 on 2,048 fixed samples, batches of 64), ``cnn`` (two 3x3
 convolutions of 8 and 16 channels on 1x28x28 inputs, 1,024 samples, batches of 64).
 Figures: wall time, samples/s summed over the members, peak RSS less the process's RSS
-before training, per member.
+before training, per member (on a GPU also torch's peak CUDA memory per member).
 
     python bench/fused_training.py                       # mlp and cnn, N = 8, 32, 128
     python bench/fused_training.py --models mlp --sizes 8 16
+    python bench/fused_training.py --device cuda         # on a GPU: torch's CUDA memory too
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ EPOCHS = 2
 DATA = {"mlp": (2048, (32,)), "cnn": (1024, (1, 28, 28))}
 
 
-def _one(model: str, variant: str, count: int) -> dict[str, Any]:
-    """Train ``count`` configs of ``model`` one way; the figures of that run."""
+def _one(model: str, variant: str, count: int, device: str) -> dict[str, Any]:
+    """Train ``count`` configs of ``model`` one way on ``device``; the figures of that run."""
     import lightning as L
     import torch
     import torch.nn.functional as F
@@ -85,7 +86,8 @@ def _one(model: str, variant: str, count: int) -> dict[str, Any]:
         "enable_checkpointing": False,
         "enable_progress_bar": False,
     }
-    quiet |= {"enable_model_summary": False, "accelerator": "cpu", "max_epochs": EPOCHS}
+    accelerator = "gpu" if device == "cuda" else "cpu"
+    quiet |= {"enable_model_summary": False, "accelerator": accelerator, "max_epochs": EPOCHS}
     modules = []
     for i, (lr, decay) in enumerate(configs):
         torch.manual_seed(i)
@@ -102,11 +104,15 @@ def _one(model: str, variant: str, count: int) -> dict[str, Any]:
             def train_epoch_end(self, *args: Any) -> None: ...
 
         members = [MemberTraining(m, m.configure_optimizers()) for m in modules]
-        fused_fit(members, TrainingShape.from_trainer(L.Trainer(**quiet)), loader, None, Silent())
+        training = TrainingShape.from_trainer(L.Trainer(**quiet))
+        fused_fit(members, training, loader, None, Silent(), device=torch.device(device))
     else:
         for module in modules:
             L.Trainer(**quiet).fit(module, loader)
+    if device == "cuda":
+        torch.cuda.synchronize()
     wall = time.perf_counter() - began
+    gpu_mib = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else 0.0
     return {
         "model": model,
         "variant": variant,
@@ -114,6 +120,8 @@ def _one(model: str, variant: str, count: int) -> dict[str, Any]:
         "wall_s": round(wall, 3),
         "samples_per_s": round(count * samples * EPOCHS / wall, 1),
         "peak_mib_per_member": round(max(0.0, _peak_mib() - before) / count, 3),
+        "device": device,
+        "gpu_peak_mib_per_member": round(gpu_mib / count, 3),
     }
 
 
@@ -148,10 +156,12 @@ def main() -> None:
     )
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=sorted(DATA))
     parser.add_argument("--sizes", nargs="+", type=int, default=[8, 32, 128])
-    parser.add_argument("--one", nargs=3, metavar=("MODEL", "VARIANT", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(_one(args.one[0], args.one[1], int(args.one[2]))))
+        model, variant, count, device = args.one
+        print(json.dumps(_one(model, variant, int(count), device)))
         return
     from bench.harness import machine, publish
 
@@ -161,7 +171,7 @@ def main() -> None:
         for count in args.sizes:
             for variant in ("alone", "fused"):
                 done = subprocess.run(
-                    [sys.executable, __file__, "--one", model, variant, str(count)],
+                    [sys.executable, __file__, "--one", model, variant, str(count), args.device],
                     capture_output=True, text=True, check=True,
                 )  # fmt: skip
                 rows.append(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from furcate_hydra.fusion.fit_call import read_fit_call, read_optimizers
 from furcate_hydra.fusion.fused_fit import MemberTraining, SchedulerPlan, fused_fit
 from furcate_hydra.fusion.optimizer import optimizer_refusals
 from furcate_hydra.fusion.probe import step_refusals
@@ -119,21 +120,13 @@ class Recorder:
 
 
 def _fuse(modules: list[TinyMLP], trainer_kwargs: dict[str, Any], recorder: Recorder) -> None:
+    """Each member's fit call read as the fused path reads it, then one fused fit."""
     train, val = _loaders()
-    members = []
-    for module in modules:
-        configured = module.configure_optimizers()
-        if isinstance(configured, dict):
-            scheduler = configured["lr_scheduler"]
-            plan = (
-                SchedulerPlan(**scheduler)
-                if isinstance(scheduler, dict)
-                else SchedulerPlan(scheduler)
-            )
-            members.append(MemberTraining(module, configured["optimizer"], [plan]))
-        else:
-            members.append(MemberTraining(module, configured))
-    shape = TrainingShape.from_trainer(L.Trainer(**QUIET, **trainer_kwargs))
+    calls = [read_fit_call(L.Trainer(**QUIET, **trainer_kwargs), m, train, val) for m in modules]
+    assert all(call.fusable for call in calls), [call.reasons for call in calls]
+    members = [call.member for call in calls if call.member is not None]
+    shape = calls[0].shape
+    assert shape is not None
     fused_fit(members, shape, train, val, recorder)
 
 
@@ -422,3 +415,110 @@ def test_members_differing_in_a_non_float_attribute_are_refused_with_its_name() 
     scalars, reasons = differing_scalars([first, second])
     assert set(scalars) == {"hparams.lr"}
     assert reasons == ["its module's layers_to_skip differs (1, 2…)"]
+
+
+class TwoOptimizers(TinyMLP):
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.Adam(self.parameters())]
+
+
+class EpochHook(TinyMLP):
+    def on_train_epoch_end(self) -> None:
+        self.log("seen", 1.0)
+
+
+class OwnCallback(L.Callback):
+    pass
+
+
+class OwnLoaders(TinyMLP):
+    def train_dataloader(self) -> DataLoader[Any]:
+        return _loaders()[0]
+
+
+class Data(L.LightningDataModule):
+    def setup(self, stage: str) -> None:
+        self.train, self.val = _loaders()
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return self.train
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return self.val
+
+
+def test_a_fit_call_is_read_where_lightning_would_find_its_data() -> None:
+    trainer = L.Trainer(**QUIET, max_epochs=2)
+    from_module = read_fit_call(trainer, OwnLoaders(1e-3, 0.0))
+    assert from_module.fusable and from_module.val_loader is None
+    assert isinstance(from_module.train_loader, DataLoader)
+    for call in (
+        read_fit_call(trainer, _member(0, 1e-3, 0.0), datamodule=Data()),
+        read_fit_call(trainer, _member(0, 1e-3, 0.0), Data()),  # fit(model, datamodule)
+    ):
+        assert call.fusable, call.reasons
+        assert isinstance(call.train_loader, DataLoader) and isinstance(call.val_loader, DataLoader)
+        assert call.shape is not None and call.shape.max_epochs == 2
+
+
+def test_what_acts_inside_training_is_a_reason_to_run_alone() -> None:
+    train, val = _loaders()
+    trainer = L.Trainer(**QUIET, max_epochs=2)
+
+    def reasons(module: nn.Module, *args: Any, on: Any = trainer) -> list[str]:
+        return read_fit_call(on, module, *args).reasons
+
+    assert reasons(TwoOptimizers(1e-3, 0.0), train) == ["it has 2 optimizers"]
+    assert reasons(EpochHook(1e-3, 0.0), train) == ["its on_train_epoch_end runs inside training"]
+    own = L.Trainer(**QUIET, max_epochs=2, callbacks=[OwnCallback()])
+    assert reasons(_member(0, 1e-3, 0.0), train, on=own) == [
+        "its callback OwnCallback acts during training"
+    ]
+    half = L.Trainer(**QUIET, max_epochs=2, precision="bf16-mixed")
+    assert reasons(_member(0, 1e-3, 0.0), train, on=half) == [
+        "its precision is bf16-mixed (fused: 32-true)"
+    ]
+    assert reasons(_member(0, 1e-3, 0.0), [train, val]) == [
+        "its training data is a list, not one DataLoader"
+    ]
+
+
+def test_every_form_of_configure_optimizers_lightning_accepts_is_read() -> None:
+    params = [nn.Parameter(torch.zeros(2))]
+    opt = torch.optim.Adam(params)
+    step = torch.optim.lr_scheduler.StepLR(opt, 1)
+    assert read_optimizers(opt) == (opt, [], [])
+    assert read_optimizers([opt]) == (opt, [], [])
+    (got, plans, _) = read_optimizers(([opt], [step]))
+    assert got is opt and plans == [SchedulerPlan(step)]
+    config = {"scheduler": step, "interval": "step", "frequency": 2, "monitor": "val_loss"}
+    for form in (
+        {"optimizer": opt, "lr_scheduler": config},
+        [{"optimizer": opt, "lr_scheduler": config}],
+    ):
+        assert read_optimizers(form) == (opt, [SchedulerPlan(step, "step", 2, "val_loss")], [])
+    assert read_optimizers(None)[2] == ["it has no optimizer"]
+    assert read_optimizers("adam")[2] == ["its configure_optimizers returned a str"]
+
+
+def test_members_group_by_signature_evenly_and_each_one_left_alone_says_why() -> None:
+    from furcate_hydra.fusion.grouping import Candidate, form_groups
+
+    same = _signature(_member(0, 1e-3, 0.0))
+    wider_batch = _signature(_member(1, 1e-3, 0.0), batch_size=32)
+    candidates = [Candidate(f"job{i}", same) for i in range(5)]
+    candidates.insert(2, Candidate("wide", wider_batch))
+    candidates.append(
+        Candidate("metric", None, ("MulticlassAccuracy updated inside training_step",))
+    )
+    grouping = form_groups(candidates, fuse_max=4)
+    assert grouping.groups == [["job0", "job1", "job2"], ["job3", "job4"]]
+    assert grouping.alone == {
+        "wide": "its batch size differs",
+        "metric": "MulticlassAccuracy updated inside training_step",
+    }
+    assert form_groups([Candidate("only", same)], fuse_max=8).alone == {
+        "only": "no other config trains like it here"
+    }
+    with pytest.raises(ValueError, match="fuse_max=1"):
+        form_groups(candidates, fuse_max=1)

@@ -12,6 +12,8 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
                        hyperparameters read from its own torch optimizer (its scheduler
                        moves them), its state in torch's own form in and out
     settings.py        the Trainer settings that shape training, read from a Trainer
+    fit_call.py        an app's ``trainer.fit(...)`` read as a member: its data, optimizer
+                       and schedulers, or why it runs alone
     fused_fit.py       the training loop Lightning's fit runs, for all members at once
     signature.py       what the members of a group share
     refusals.py        why a module cannot be fused, read from it: one line per reason

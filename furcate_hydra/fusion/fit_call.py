@@ -1,0 +1,215 @@
+"""An app's ``trainer.fit(model, ...)`` read as a member of a fused group, or the reasons it
+cannot be one.
+
+What Lightning's ``fit`` would train on is resolved as Lightning resolves it (the loaders
+given, else the datamodule's, else the module's own), ``configure_optimizers`` read in every
+form Lightning accepts, and the Trainer read for what shapes training; the data and module
+hooks ``fit`` runs first (prepare_data, setup, configure_model) run here, in its order.
+Anything that would run inside training and that the fused loop does not run for each member
+is a reason to run alone: several devices, several optimizers or loaders, a hook of the
+module or a callback that acts during training. Lightning is never imported here: its
+objects are read by their attributes and class names, whichever namespace the app uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from furcate_hydra.fusion.fused_fit import MemberTraining, SchedulerPlan
+from furcate_hydra.fusion.optimizer import optimizer_refusals
+from furcate_hydra.fusion.refusals import module_refusals
+from furcate_hydra.fusion.settings import TrainingShape
+
+# LightningModule hooks Lightning calls during training, which the fused loop does not call
+TRAINING_HOOKS = (
+    "on_train_batch_start", "on_train_batch_end", "on_train_epoch_start", "on_train_epoch_end",
+    "on_validation_batch_start", "on_validation_batch_end", "on_validation_epoch_start",
+    "on_validation_epoch_end", "on_before_backward", "on_after_backward",
+    "on_before_optimizer_step", "on_before_zero_grad", "optimizer_step", "optimizer_zero_grad",
+    "configure_gradient_clipping", "lr_scheduler_step", "backward", "on_train_end",
+)  # fmt: skip
+# callbacks whose work the fused path does for each member itself, or that only show progress
+KNOWN_CALLBACKS = (
+    "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "TQDMProgressBar",
+    "RichProgressBar", "ProgressBar", "ModelSummary", "RichModelSummary", "Timer",
+)  # fmt: skip
+_LIGHTNING = ("lightning", "pytorch_lightning")
+
+
+@dataclass
+class FitCall:
+    """One member's ``fit``: what it trains and how, or why it cannot join a group."""
+
+    shape: TrainingShape | None = None
+    train_loader: Any = None
+    val_loader: Any = None
+    member: MemberTraining | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def fusable(self) -> bool:
+        return not self.reasons
+
+
+def read_fit_call(
+    trainer: Any,
+    model: Any,
+    train_dataloaders: Any = None,
+    val_dataloaders: Any = None,
+    datamodule: Any = None,
+) -> FitCall:
+    """Read ``trainer.fit(model, train_dataloaders, val_dataloaders, datamodule)``."""
+    call = FitCall()
+    if hasattr(train_dataloaders, "train_dataloader") and datamodule is None:
+        datamodule, train_dataloaders = train_dataloaders, None  # fit(model, datamodule)
+    _prepare(model, datamodule)
+    call.reasons += _trainer_refusals(trainer)
+    call.reasons += module_refusals(model)
+    call.reasons += [
+        f"its {hook} runs inside training" for hook in _overridden(model, TRAINING_HOOKS)
+    ]
+    if not call.reasons:
+        call.shape = TrainingShape.from_trainer(trainer)
+        call.reasons += call.shape.refusals()
+    train, val, reasons = _loaders(
+        model, train_dataloaders, val_dataloaders, datamodule, call.shape
+    )
+    call.train_loader, call.val_loader = train, val
+    call.reasons += reasons
+    if call.reasons:
+        return call
+    optimizer, schedulers, reasons = read_optimizers(model.configure_optimizers())
+    call.reasons += reasons
+    if optimizer is not None and not reasons:
+        call.reasons += optimizer_refusals([optimizer])
+        call.member = MemberTraining(model, optimizer, schedulers)
+    return call
+
+
+def read_optimizers(
+    configured: Any,
+) -> tuple[torch.optim.Optimizer | None, list[SchedulerPlan], list[str]]:
+    """``configure_optimizers()``'s result, in any form Lightning accepts: one optimizer and
+    its schedulers, or the reasons it is not one optimizer."""
+    schedulers: list[Any] = []
+    optimizers: list[Any]
+    if configured is None:
+        return None, [], ["it has no optimizer"]
+    if isinstance(configured, dict):
+        optimizers = [configured.get("optimizer")]
+        if configured.get("lr_scheduler") is not None:
+            schedulers = [configured["lr_scheduler"]]
+    elif isinstance(configured, torch.optim.Optimizer):
+        optimizers = [configured]
+    elif (
+        isinstance(configured, (list, tuple))
+        and len(configured) == 2
+        and all(isinstance(part, (list, tuple)) for part in configured)
+    ):
+        optimizers, schedulers = list(configured[0]), list(configured[1])
+    elif isinstance(configured, (list, tuple)):
+        optimizers = list(configured)
+        if optimizers and all(isinstance(item, dict) for item in optimizers):
+            return _from_dicts(optimizers)
+    else:
+        return None, [], [f"its configure_optimizers returned a {type(configured).__name__}"]
+    if len(optimizers) != 1 or not isinstance(optimizers[0], torch.optim.Optimizer):
+        return None, [], [f"it has {len(optimizers)} optimizers"]
+    plans = [_plan(item) for item in schedulers]
+    return optimizers[0], plans, []
+
+
+def _from_dicts(
+    items: list[dict[str, Any]],
+) -> tuple[torch.optim.Optimizer | None, list[SchedulerPlan], list[str]]:
+    if len(items) != 1:
+        return None, [], [f"it has {len(items)} optimizers"]
+    return read_optimizers(items[0])
+
+
+def _plan(item: Any) -> SchedulerPlan:
+    """A scheduler, or Lightning's lr_scheduler_config dict around one."""
+    if isinstance(item, dict):
+        return SchedulerPlan(
+            scheduler=item["scheduler"],
+            interval=str(item.get("interval", "epoch")),
+            frequency=int(item.get("frequency", 1)),
+            monitor=item.get("monitor"),
+        )
+    # a plateau scheduler given bare needs the monitor Lightning would refuse it without
+    return SchedulerPlan(scheduler=item)
+
+
+def _prepare(model: Any, datamodule: Any) -> None:
+    """What Lightning's ``fit`` runs before it trains, in its order: the data prepared and set
+    up, the module set up and its layers configured (Lightning asks both to tolerate a second
+    call, which a member that runs alone gets from its own ``fit``)."""
+    if datamodule is not None:
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+    for hook, args in (("prepare_data", ()), ("setup", ("fit",)), ("configure_model", ())):
+        if _overridden(model, (hook,)):
+            getattr(model, hook)(*args)
+
+
+def _trainer_refusals(trainer: Any) -> list[str]:
+    reasons = []
+    world = int(getattr(trainer, "world_size", 1) or 1)
+    if world > 1:
+        reasons.append(f"it trains on {world} processes")
+    if int(getattr(trainer, "num_devices", 1) or 1) > 1:
+        reasons.append(f"it trains on {trainer.num_devices} devices")
+    for callback in getattr(trainer, "callbacks", []):
+        kind = type(callback)
+        if kind.__module__.startswith("furcate_hydra"):
+            continue  # furcate's own: the fused path does their work for each member
+        known = kind.__name__ in KNOWN_CALLBACKS and kind.__module__.startswith(_LIGHTNING)
+        if not known:
+            reasons.append(f"its callback {kind.__name__} acts during training")
+    return reasons
+
+
+def _overridden(model: Any, hooks: tuple[str, ...]) -> list[str]:
+    """The hooks ``model``'s own classes define (not Lightning's defaults)."""
+    found = []
+    for hook in hooks:
+        for cls in type(model).__mro__:
+            if hook in vars(cls):
+                if not cls.__module__.startswith(_LIGHTNING):
+                    found.append(hook)
+                break
+    return found
+
+
+def _loaders(
+    model: Any, train: Any, val: Any, datamodule: Any, shape: TrainingShape | None
+) -> tuple[Any, Any, list[str]]:
+    """The loaders ``fit`` would use (Lightning's order), and why they cannot be shared."""
+    if datamodule is not None:
+        if train is not None or val is not None:
+            return None, None, ["it passes loaders and a datamodule"]
+        source: Any = datamodule
+    else:
+        source = model
+    if train is None:
+        train = source.train_dataloader() if _defines(source, "train_dataloader") else None
+    if val is None and _defines(source, "val_dataloader"):
+        val = source.val_dataloader()
+    if shape is not None and shape.limit_val_batches in (0, 0.0):
+        val = None
+    reasons = []
+    for label, loader in (("training", train), ("validation", val)):
+        if loader is None:
+            if label == "training":
+                reasons.append("it has no training loader")
+        elif not isinstance(loader, DataLoader):
+            reasons.append(f"its {label} data is a {type(loader).__name__}, not one DataLoader")
+    return train, val, reasons
+
+
+def _defines(source: Any, method: str) -> bool:
+    return bool(_overridden(source, (method,)))
