@@ -5,7 +5,9 @@ one small model as one vmapped model; the anchor trains the same N configs one L
 ``Trainer.fit`` after another in one process, with the same data and epochs: what a slot
 does for N jobs, less the per-process cost (a fork, the job's MLflow run, Hydra's set-up),
 which the launcher's fused path also saves. Each variant runs in its own process (its peak
-memory is its own), torch on one thread (a slot's pinned core).
+memory is its own), torch on one thread (a slot's pinned core). The fused loop picks its
+step mode on the first batch (all members through vmap, or one after another): the table
+says which.
 
 Models: ``mlp`` (32 -> 64 -> 10 on 2,048 fixed samples, batches of 64), ``cnn`` (two 3x3
 convolutions of 8 and 16 channels on 1x28x28 inputs, 1,024 samples, batches of 64).
@@ -94,6 +96,7 @@ def _one(model: str, variant: str, count: int, device: str) -> dict[str, Any]:
         modules.append(Small(lr, decay))
     before = _rss_mib()
     began = time.perf_counter()
+    mode = "-"
     if variant == "fused":
 
         class Silent:
@@ -105,7 +108,8 @@ def _one(model: str, variant: str, count: int, device: str) -> dict[str, Any]:
 
         members = [MemberTraining(m, m.configure_optimizers()) for m in modules]
         training = TrainingShape.from_trainer(L.Trainer(**quiet))
-        fused_fit(members, training, loader, None, Silent(), device=torch.device(device))
+        outcome = fused_fit(members, training, loader, None, Silent(), device=torch.device(device))
+        mode = outcome.step_mode
     else:
         for module in modules:
             L.Trainer(**quiet).fit(module, loader)
@@ -121,6 +125,7 @@ def _one(model: str, variant: str, count: int, device: str) -> dict[str, Any]:
         "samples_per_s": round(count * samples * EPOCHS / wall, 1),
         "peak_mib_per_member": round(max(0.0, _peak_mib() - before) / count, 3),
         "device": device,
+        "step_mode": mode,  # the fused loop's choice on the first batch: vmap or loop
         "gpu_peak_mib_per_member": round(gpu_mib / count, 3),
     }
 
@@ -138,7 +143,7 @@ def _peak_mib() -> float:
 
 def _table(rows: list[dict[str, Any]]) -> None:
     header = f"{'model':5} {'N':>4} {'one fit each':>13} {'fused':>9} {'ratio':>7}"
-    print(f"{header} {'samples/s alone/fused':>21} {'MiB/member a/f':>17}")
+    print(f"{header} {'samples/s alone/fused':>21} {'MiB/member a/f':>17} mode")
     by = {(r["model"], r["members"], r["variant"]): r for r in rows}
     for model, count in sorted({(r["model"], r["members"]) for r in rows}):
         alone, fused = by[(model, count, "alone")], by[(model, count, "fused")]
@@ -146,7 +151,8 @@ def _table(rows: list[dict[str, Any]]) -> None:
             f"{model:5} {count:>4} {alone['wall_s']:>12.2f}s {fused['wall_s']:>8.2f}s "
             f"{fused['wall_s'] / alone['wall_s']:>7.3f} "
             f"{alone['samples_per_s']:>10.0f}/{fused['samples_per_s']:<10.0f} "
-            f"{alone['peak_mib_per_member']:>8.2f}/{fused['peak_mib_per_member']:<8.2f}"
+            f"{alone['peak_mib_per_member']:>8.2f}/{fused['peak_mib_per_member']:<8.2f} "
+            f"{fused['step_mode']}"
         )
 
 

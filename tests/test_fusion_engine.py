@@ -119,7 +119,9 @@ class Recorder:
         self.epochs.append(means)
 
 
-def _fuse(modules: list[TinyMLP], trainer_kwargs: dict[str, Any], recorder: Recorder) -> None:
+def _fuse(
+    modules: list[TinyMLP], trainer_kwargs: dict[str, Any], recorder: Recorder, mode: str = "vmap"
+) -> None:
     """Each member's fit call read as the fused path reads it, then one fused fit."""
     train, val = _loaders()
     calls = [read_fit_call(L.Trainer(**QUIET, **trainer_kwargs), m, train, val) for m in modules]
@@ -127,7 +129,7 @@ def _fuse(modules: list[TinyMLP], trainer_kwargs: dict[str, Any], recorder: Reco
     members = [call.member for call in calls if call.member is not None]
     shape = calls[0].shape
     assert shape is not None
-    fused_fit(members, shape, train, val, recorder)
+    fused_fit(members, shape, train, val, recorder, step_mode=mode)
 
 
 def _alone(
@@ -145,6 +147,7 @@ def _assert_same_weights(fused: nn.Module, alone: nn.Module) -> None:
         assert torch.equal(a, b), f"{name}: max difference {(a - b).abs().max().item()}"
 
 
+@pytest.mark.parametrize("mode", ["vmap", "loop"])
 @pytest.mark.parametrize(
     ("optimizer", "scheduler", "trainer_kwargs"),
     [
@@ -163,12 +166,12 @@ def _assert_same_weights(fused: nn.Module, alone: nn.Module) -> None:
     ],
 )
 def test_each_member_ends_on_the_weights_of_its_own_run(
-    optimizer: str, scheduler: str, trainer_kwargs: dict[str, Any]
+    optimizer: str, scheduler: str, trainer_kwargs: dict[str, Any], mode: str
 ) -> None:
     kw = {"optimizer": optimizer, "scheduler": scheduler}
     fused = [_member(i, lr, wd, **kw) for i, (lr, wd) in enumerate(CONFIGS)]
     recorder = Recorder(len(CONFIGS))
-    _fuse(fused, trainer_kwargs, recorder)
+    _fuse(fused, trainer_kwargs, recorder, mode)
     for i, (lr, wd) in enumerate(CONFIGS):
         alone, trainer = _alone(i, lr, wd, trainer_kwargs, **kw)
         _assert_same_weights(fused[i], alone)
@@ -522,3 +525,18 @@ def test_members_group_by_signature_evenly_and_each_one_left_alone_says_why() ->
     }
     with pytest.raises(ValueError, match="fuse_max=1"):
         form_groups(candidates, fuse_max=1)
+
+
+def test_auto_picks_a_step_mode_on_a_batch_of_the_data_without_drawing_from_its_streams() -> None:
+    shuffled = DataLoader(_loaders()[0].dataset, batch_size=16, shuffle=True)
+    fused = [_member(i, lr, wd) for i, (lr, wd) in enumerate(CONFIGS)]
+    members = [MemberTraining(m, m.configure_optimizers()) for m in fused]
+    shape = TrainingShape.from_trainer(L.Trainer(**QUIET, max_epochs=2))
+    torch.manual_seed(5)  # the order both runs draw from the global stream
+    outcome = fused_fit(members, shape, shuffled, None, Recorder(len(CONFIGS)))
+    assert outcome.step_mode in ("vmap", "loop")
+    for i, (lr, wd) in enumerate(CONFIGS):
+        alone = _member(i, lr, wd)
+        torch.manual_seed(5)
+        L.Trainer(**QUIET, max_epochs=2).fit(alone, shuffled)
+        _assert_same_weights(fused[i], alone)

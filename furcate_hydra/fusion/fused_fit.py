@@ -22,7 +22,7 @@ from furcate_hydra.fusion.optimizer import FusedOptimizer, optimized_names
 from furcate_hydra.fusion.settings import TrainingShape
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.step_logs import LogOptions, StepLogs
-from furcate_hydra.fusion.vmapped_step import StepFn, vmapped_step
+from furcate_hydra.fusion.vmapped_step import STEP_MODES, StepFn, faster_mode, vmapped_step
 
 
 @dataclass
@@ -70,6 +70,7 @@ class FusedOutcome:
 
     epochs: list[int]
     steps: list[int]
+    step_mode: str  # how its steps ran: vmap or loop
 
 
 def fused_fit(
@@ -80,10 +81,13 @@ def fused_fit(
     observer: FusionObserver,
     device: torch.device | None = None,
     start: tuple[int, int] = (0, 0),
+    step_mode: str = "auto",
 ) -> FusedOutcome:
     """Train every member on the same batches; their modules hold the trained weights after,
     their optimizers their state. ``start``: the (epoch, optimizer step) the members resume
-    at, their modules, optimizers and schedulers restored from their checkpoints."""
+    at, their modules, optimizers and schedulers restored from their checkpoints.
+    ``step_mode``: ``vmap``, ``loop`` (see ``vmapped_step``), or ``auto``: the faster of the
+    two on the first batch."""
     device = device or torch.device("cpu")
     stack = MemberStack([m.module for m in members], device)
     if stack.scalar_refusals:
@@ -95,11 +99,21 @@ def fused_fit(
     active = torch.ones(count, dtype=torch.bool)
     epochs = [start[0]] * count
     steps = [start[1]] * count
-    train_step = vmapped_step(
-        base, "training_step", with_grad=True, divisor=shape.accumulate_grad_batches
-    )
+    sample = _sample_batch(train_loader) if step_mode == "auto" else None
+    if sample is None:
+        step_mode = "vmap" if step_mode == "auto" else step_mode
+    else:
+        divisor = shape.accumulate_grad_batches
+        step_mode = faster_mode(
+            {mode: vmapped_step(base, "training_step", True, divisor, mode) for mode in STEP_MODES},
+            stack,
+            _to(sample, device),
+        )
+    train_step = vmapped_step(base, "training_step", True, shape.accumulate_grad_batches, step_mode)
     val_step = (
-        vmapped_step(base, "validation_step", with_grad=False) if val_loader is not None else None
+        vmapped_step(base, "validation_step", False, mode=step_mode)
+        if val_loader is not None
+        else None
     )
     epoch, step = start
     train_batches = shape.batches(len(train_loader), shape.limit_train_batches)  # type: ignore[arg-type]
@@ -146,7 +160,7 @@ def fused_fit(
     for i, member in enumerate(members):
         stack.load_into(i, member.module)
     optimizer.sync_to_members()
-    return FusedOutcome(epochs=epochs, steps=steps)
+    return FusedOutcome(epochs=epochs, steps=steps, step_mode=step_mode)
 
 
 def _below(step: int, max_steps: int) -> bool:
@@ -224,6 +238,21 @@ def _step_schedulers(
 
 def _on_step(logs: StepLogs) -> dict[str, torch.Tensor]:
     return {name: value for name, value in logs.values.items() if logs.options[name].on_step}
+
+
+def _sample_batch(loader: Any) -> Any:
+    """A batch shaped as the loader's, read from its dataset without its sampler: iterating
+    the loader would draw from the random streams its epochs draw from (None where it is not
+    a DataLoader over a dataset that can be indexed)."""
+    size = getattr(loader, "batch_size", None)
+    dataset: Any = getattr(loader, "dataset", None)
+    collate = getattr(loader, "collate_fn", None)
+    if not size or collate is None or not hasattr(dataset, "__len__"):
+        return None
+    try:
+        return collate([dataset[i] for i in range(min(size, len(dataset)))])
+    except (TypeError, IndexError, KeyError):
+        return None
 
 
 def _batch_size(batch: Any) -> int:

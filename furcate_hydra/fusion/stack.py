@@ -37,6 +37,10 @@ class MemberStack:
         scalars, self.scalar_refusals = differing_scalars(modules, dtype)
         self.scalars = {name: values.to(device) for name, values in scalars.items()}
 
+    def parts(self) -> tuple[dict[str, torch.Tensor], ...]:
+        """What a step takes, in its order: parameters, buffers, the differing scalars."""
+        return self.params, self.buffers, self.scalars
+
     def member_state(self, member: int) -> dict[str, torch.Tensor]:
         """Member ``member``'s parameters and buffers, on the CPU, by the module's names."""
         state = {name: t[member].detach().cpu().clone() for name, t in self.params.items()}

@@ -8,6 +8,7 @@ back stacked like the parameters.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +24,19 @@ from furcate_hydra.fusion.step_logs import LogOptions, StepLogs, UnfusableStep, 
 StepFn = Callable[[MemberStack, Any, int], tuple[dict[str, torch.Tensor], StepLogs]]
 
 
-def vmapped_step(base: nn.Module, hook: str, with_grad: bool, divisor: int = 1) -> StepFn:
-    """``base.<hook>(batch, batch_idx)`` for every member at once, through ``vmap``; a
-    training loss is divided by ``divisor`` (the batches accumulated), as Lightning divides it."""
+# how a step runs its members: all at once through vmap, or one after another on one module
+# (for layers whose batched form is slower than the loop, as convolutions are on a CPU)
+STEP_MODES = ("vmap", "loop")
+
+
+def vmapped_step(
+    base: nn.Module, hook: str, with_grad: bool, divisor: int = 1, mode: str = "vmap"
+) -> StepFn:
+    """``base.<hook>(batch, batch_idx)`` for every member, through ``vmap`` (``mode="vmap"``)
+    or member after member (``"loop"``), either way each member's own values; a training loss
+    is divided by ``divisor`` (the batches accumulated), as Lightning divides it."""
+    if mode not in STEP_MODES:
+        raise ValueError(f"step mode {mode!r}: one of {', '.join(STEP_MODES)}")
     options_seen: dict[str, LogOptions] = {}
 
     def one_member(
@@ -51,11 +62,32 @@ def vmapped_step(base: nn.Module, hook: str, with_grad: bool, divisor: int = 1) 
             return torch.zeros(()), logs.values
         return loss / divisor if divisor > 1 else loss, logs.values
 
+    def looped(
+        stack: MemberStack, batch: Any, batch_idx: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        grads: list[dict[str, torch.Tensor]] = []
+        values: list[dict[str, torch.Tensor]] = []
+        for member in range(stack.count):
+            params, buffers, scalars = (
+                {k: v[member] for k, v in part.items()} for part in stack.parts()
+            )
+            if with_grad:
+                fn = grad_and_value(one_member, has_aux=True)
+                grad, (_, logged) = fn(params, buffers, scalars, batch, batch_idx)
+                grads.append(grad)
+            else:
+                with torch.no_grad():
+                    _, logged = one_member(params, buffers, scalars, batch, batch_idx)
+            values.append(logged)
+        return _stacked(grads), _stacked(values)
+
     def run(
         stack: MemberStack, batch: Any, batch_idx: int
     ) -> tuple[dict[str, torch.Tensor], StepLogs]:
         logs = StepLogs(in_training=hook == "training_step")
-        if with_grad:
+        if mode == "loop":
+            grads, values = looped(stack, batch, batch_idx)
+        elif with_grad:
             fn = vmap(grad_and_value(one_member, has_aux=True), in_dims=(0, 0, 0, None, None))
             grads, (_, values) = fn(stack.params, stack.buffers, stack.scalars, batch, batch_idx)
         else:
@@ -69,3 +101,21 @@ def vmapped_step(base: nn.Module, hook: str, with_grad: bool, divisor: int = 1) 
         return grads, logs
 
     return run
+
+
+def faster_mode(steps: dict[str, StepFn], stack: MemberStack, batch: Any) -> str:
+    """The step mode that runs ``batch`` faster here, timed on its second run (the first
+    traces and warms up); the gradients are discarded, nothing is updated."""
+    seconds = {}
+    for mode, step in steps.items():
+        step(stack, batch, 0)
+        began = time.perf_counter()
+        step(stack, batch, 0)
+        seconds[mode] = time.perf_counter() - began
+    return min(seconds, key=lambda mode: seconds[mode])
+
+
+def _stacked(per_member: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    if not per_member:
+        return {}
+    return {key: torch.stack([values[key] for values in per_member]) for key in per_member[0]}
