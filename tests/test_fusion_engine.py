@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -367,7 +368,7 @@ def test_members_resumed_from_their_checkpoints_end_as_an_uninterrupted_run() ->
         member.optimizer.load_state_dict(optimizer)
         member.schedulers[0].scheduler.load_state_dict(scheduler)
     four = TrainingShape.from_trainer(L.Trainer(**QUIET, max_epochs=4))
-    fused_fit(resumed, four, train, val, Recorder(len(CONFIGS)), start=(2, outcome.steps[0]))
+    fused_fit(resumed, four, train, val, Recorder(len(CONFIGS)), start=outcome.progress)
     for i, (lr, wd) in enumerate(CONFIGS):
         alone, _ = _alone(i, lr, wd, {"max_epochs": 4}, **kw)
         _assert_same_weights(resumed[i].module, alone)
@@ -540,3 +541,47 @@ def test_auto_picks_a_step_mode_on_a_batch_of_the_data_without_drawing_from_its_
         torch.manual_seed(5)
         L.Trainer(**QUIET, max_epochs=2).fit(alone, shuffled)
         _assert_same_weights(fused[i], alone)
+
+
+def _same_checkpoint(fused: dict[str, Any], alone: dict[str, Any]) -> None:
+    assert fused.keys() == alone.keys()
+    for key, value in alone.items():
+        if key == "state_dict":
+            for name, tensor in value.items():
+                assert torch.equal(fused[key][name], tensor), name
+        elif key == "optimizer_states":
+            _state_equal(fused[key][0], value[0])
+        else:
+            assert fused[key] == value, key
+
+
+@pytest.mark.parametrize(
+    "trainer_kwargs",
+    [{"max_epochs": 3}, {"max_epochs": 2, "accumulate_grad_batches": 4, "limit_train_batches": 5}],
+)
+def test_a_members_checkpoint_is_the_one_its_own_run_saves_and_it_resumes_alone(
+    tmp_path: Path, trainer_kwargs: dict[str, Any]
+) -> None:
+    from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
+
+    kw: dict[str, Any] = {"optimizer": "adamw", "scheduler": "step"}
+    fused = [_member(i, lr, wd, **kw) for i, (lr, wd) in enumerate(CONFIGS)]
+    train, val = _loaders()
+    calls = [read_fit_call(L.Trainer(**QUIET, **trainer_kwargs), m, train, val) for m in fused]
+    members = [call.member for call in calls if call.member is not None]
+    assert calls[0].shape is not None
+    outcome = fused_fit(members, calls[0].shape, train, val, Recorder(len(CONFIGS)))
+    for i, (lr, wd) in enumerate(CONFIGS):
+        written = lightning_checkpoint(members[i], outcome.progress[i], L.__version__)
+        _, trainer = _alone(i, lr, wd, trainer_kwargs, **kw)
+        trainer.save_checkpoint(tmp_path / "alone.ckpt")
+        _same_checkpoint(written, torch.load(tmp_path / "alone.ckpt", weights_only=False))
+    # member 1 resumes alone from its own checkpoint, two epochs further, as if never fused
+    torch.save(
+        lightning_checkpoint(members[1], outcome.progress[1], L.__version__), tmp_path / "m.ckpt"
+    )
+    further = {**trainer_kwargs, "max_epochs": trainer_kwargs["max_epochs"] + 2}
+    resumed = _member(1, *CONFIGS[1], **kw)
+    L.Trainer(**QUIET, **further).fit(resumed, train, val, ckpt_path=tmp_path / "m.ckpt")
+    uninterrupted, _ = _alone(1, *CONFIGS[1], further, **kw)
+    _assert_same_weights(resumed, uninterrupted)

@@ -15,7 +15,10 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     fit_call.py        an app's ``trainer.fit(...)`` read as a member: its data, optimizer
                        and schedulers, or why it runs alone
     fused_fit.py       the training loop Lightning's fit runs, for all members at once
+    member_progress.py how far a member trained, counted as Lightning's fit loop counts
+    member_checkpoint.py  a member's own Lightning checkpoint, as its own run would save it
     signature.py       what the members of a group share
     refusals.py        why a module cannot be fused, read from it: one line per reason
     probe.py           why it cannot, shown by running one step
+    grouping.py        which members train together, and each one left alone's reason
 """

@@ -11,13 +11,14 @@ after it. What each member logged goes to the ``FusionObserver``, which may stop
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from furcate_hydra.fusion.epoch_means import EpochMeans
+from furcate_hydra.fusion.member_progress import MemberProgress
 from furcate_hydra.fusion.optimizer import FusedOptimizer, optimized_names
 from furcate_hydra.fusion.settings import TrainingShape
 from furcate_hydra.fusion.stack import MemberStack
@@ -66,11 +67,18 @@ class FusionObserver(Protocol):
 
 @dataclass
 class FusedOutcome:
-    """Where each member ended: its last epoch and optimizer step."""
+    """Where each member ended, counted as Lightning counts, and how the steps ran."""
 
-    epochs: list[int]
-    steps: list[int]
-    step_mode: str  # how its steps ran: vmap or loop
+    progress: list[MemberProgress]
+    step_mode: str  # vmap or loop
+
+    @property
+    def epochs(self) -> list[int]:
+        return [p.epochs for p in self.progress]
+
+    @property
+    def steps(self) -> list[int]:
+        return [p.steps for p in self.progress]
 
 
 def fused_fit(
@@ -80,12 +88,12 @@ def fused_fit(
     val_loader: Iterable[Any] | None,
     observer: FusionObserver,
     device: torch.device | None = None,
-    start: tuple[int, int] = (0, 0),
+    start: Sequence[MemberProgress] | None = None,
     step_mode: str = "auto",
 ) -> FusedOutcome:
     """Train every member on the same batches; their modules hold the trained weights after,
-    their optimizers their state. ``start``: the (epoch, optimizer step) the members resume
-    at, their modules, optimizers and schedulers restored from their checkpoints.
+    their optimizers their state. ``start``: where the members resume (the same epoch and
+    step for all), their modules, optimizers and schedulers restored from their checkpoints.
     ``step_mode``: ``vmap``, ``loop`` (see ``vmapped_step``), or ``auto``: the faster of the
     two on the first batch."""
     device = device or torch.device("cpu")
@@ -97,8 +105,7 @@ def fused_fit(
     optimizer = FusedOptimizer([m.optimizer for m in members], names).to(device)
     count = len(members)
     active = torch.ones(count, dtype=torch.bool)
-    epochs = [start[0]] * count
-    steps = [start[1]] * count
+    progress = [replace(p) for p in start] if start else [MemberProgress() for _ in members]
     sample = _sample_batch(train_loader) if step_mode == "auto" else None
     if sample is None:
         step_mode = "vmap" if step_mode == "auto" else step_mode
@@ -115,11 +122,14 @@ def fused_fit(
         if val_loader is not None
         else None
     )
-    epoch, step = start
+    epoch, step = progress[0].epochs, progress[0].steps
     train_batches = shape.batches(len(train_loader), shape.limit_train_batches)  # type: ignore[arg-type]
     base.train()
     while (shape.max_epochs < 0 or epoch < shape.max_epochs) and _below(step, shape.max_steps):
         means = EpochMeans()
+        training = active.clone()  # the members this epoch counts for, stopped in it or not
+        for i in _members(active):
+            progress[i].epoch_started()
         grads: dict[str, torch.Tensor] | None = None
         for batch_idx, batch in enumerate(train_loader):
             if batch_idx >= train_batches:
@@ -129,38 +139,52 @@ def fused_fit(
             grads = grads_now if grads is None else {k: grads[k] + g for k, g in grads_now.items()}
             last = batch_idx + 1 == train_batches
             stepped = (batch_idx + 1) % shape.accumulate_grad_batches == 0 or last
+            for i in _members(active):
+                progress[i].batch_done(stepped)
             if stepped:
                 _clip(grads, shape)
                 optimizer.step(stack.params, grads, active)
                 grads = None
                 step += 1
-                for i in range(count):
-                    steps[i] += int(active[i])
-                _step_schedulers(members, active, "step", batch_idx + 1, plateau=False, metrics={})
+                _step_schedulers(members, active, progress, "step", batch_idx + 1, plateau=False)
             if last:
-                _step_schedulers(members, active, "epoch", epoch + 1, plateau=False, metrics={})
+                _step_schedulers(members, active, progress, "epoch", epoch + 1, plateau=False)
             means.add(logs.values, logs.options, _batch_size(batch))
             observer.train_step(step, epoch, _on_step(logs), logs.options)
             if val_step is not None and _validates(shape, epoch, batch_idx, last):
-                val_means = _validate(val_step, stack, val_loader, shape, device, base)  # type: ignore[arg-type]
+                val_means, val_batches = _validate(val_step, stack, val_loader, shape, device, base)  # type: ignore[arg-type]
+                for i in _members(active):
+                    progress[i].validated(val_batches)
                 stop = observer.validation_end(step, epoch, val_means)
                 _step_schedulers(
-                    members, active, "step", batch_idx + 1, plateau=True, metrics=val_means
+                    members,
+                    active,
+                    progress,
+                    "step",
+                    batch_idx + 1,
+                    plateau=True,
+                    metrics=val_means,
                 )
                 active &= ~stop.to(torch.bool)
             if not _below(step, shape.max_steps) or not bool(active.any()):
                 break
         observer.train_epoch_end(step, epoch, means.result())
-        for i in range(count):
-            epochs[i] += int(active[i])
-        _step_schedulers(members, active, "epoch", epoch + 1, plateau=True, metrics=means.latest)
+        for i in _members(training):
+            progress[i].epochs += 1
+        _step_schedulers(
+            members, active, progress, "epoch", epoch + 1, plateau=True, metrics=means.latest
+        )
         epoch += 1
         if not bool(active.any()):
             break
     for i, member in enumerate(members):
         stack.load_into(i, member.module)
     optimizer.sync_to_members()
-    return FusedOutcome(epochs=epochs, steps=steps, step_mode=step_mode)
+    return FusedOutcome(progress=progress, step_mode=step_mode)
+
+
+def _members(mask: torch.Tensor) -> list[int]:
+    return [int(i) for i in torch.nonzero(mask).flatten()]
 
 
 def _below(step: int, max_steps: int) -> bool:
@@ -183,18 +207,21 @@ def _validate(
     shape: TrainingShape,
     device: torch.device,
     base: nn.Module,
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Every member's validation means, and the batches the run took."""
     base.eval()
     means = EpochMeans()
     batches = shape.batches(len(loader), shape.limit_val_batches)  # type: ignore[arg-type]
+    done = 0
     for batch_idx, batch in enumerate(loader):
         if batch_idx >= batches:
             break
         batch = _to(batch, device)
         _, logs = val_step(stack, batch, batch_idx)
         means.add(logs.values, logs.options, _batch_size(batch))
+        done += 1
     base.train()
-    return means.result()
+    return means.result(), done
 
 
 def _clip(grads: dict[str, torch.Tensor], shape: TrainingShape) -> None:
@@ -216,16 +243,16 @@ def _clip(grads: dict[str, torch.Tensor], shape: TrainingShape) -> None:
 def _step_schedulers(
     members: Sequence[MemberTraining],
     active: torch.Tensor,
+    progress: list[MemberProgress],
     interval: str,
     index: int,
     plateau: bool,
-    metrics: dict[str, torch.Tensor],
+    metrics: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Step the schedulers Lightning would step here (``index`` counts from 1), per member."""
-    for i, member in enumerate(members):
-        if not bool(active[i]):
-            continue
-        for plan in member.schedulers:
+    metrics = metrics or {}
+    for i in _members(active):
+        for plan in members[i].schedulers:
             if plan.on_plateau != plateau or plan.interval != interval or index % plan.frequency:
                 continue
             if plan.on_plateau:
@@ -234,6 +261,7 @@ def _step_schedulers(
                 plan.scheduler.step(float(metrics[plan.monitor][i]))
             else:
                 plan.scheduler.step()
+            progress[i].schedulers_stepped(1)
 
 
 def _on_step(logs: StepLogs) -> dict[str, torch.Tensor]:
