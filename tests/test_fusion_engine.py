@@ -585,3 +585,36 @@ def test_a_members_checkpoint_is_the_one_its_own_run_saves_and_it_resumes_alone(
     L.Trainer(**QUIET, **further).fit(resumed, train, val, ckpt_path=tmp_path / "m.ckpt")
     uninterrupted, _ = _alone(1, *CONFIGS[1], further, **kw)
     _assert_same_weights(resumed, uninterrupted)
+
+
+class StopsAt(Recorder):
+    """Records, and stops members at the epochs given, keeping their final metrics."""
+
+    def __init__(self, count: int, stop_after_epoch: dict[int, int]) -> None:
+        from furcate_hydra.fusion.final_metrics import FinalMetrics
+
+        super().__init__(count, stop_after_epoch)
+        self.final = FinalMetrics(count)
+
+    def train_step(self, step: int, epoch: int, logs: Any, options: Any) -> None:
+        self.final.train_step(step, epoch, logs, options)
+
+    def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.final.validation_end(
+            step, epoch, means, super().validation_end(step, epoch, means)
+        )
+
+    def train_epoch_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> None:
+        self.final.train_epoch_end(step, epoch, means)
+
+
+def test_each_members_final_metrics_are_its_own_runs_callback_metrics() -> None:
+    fused = [_member(i, lr, wd) for i, (lr, wd) in enumerate(CONFIGS)]
+    observer = StopsAt(len(CONFIGS), stop_after_epoch={2: 1})
+    _fuse(fused, {"max_epochs": 3}, observer)
+    for i, (lr, wd) in enumerate(CONFIGS):
+        _, trainer = _alone(i, lr, wd, {"max_epochs": 2 if i == 2 else 3})
+        expected = dict(trainer.callback_metrics)
+        assert observer.final.metrics[i].keys() == expected.keys()
+        for name, value in expected.items():
+            torch.testing.assert_close(observer.final.metrics[i][name], value, msg=name)
