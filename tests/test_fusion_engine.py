@@ -618,3 +618,46 @@ def test_each_members_final_metrics_are_its_own_runs_callback_metrics() -> None:
         assert observer.final.metrics[i].keys() == expected.keys()
         for name, value in expected.items():
             torch.testing.assert_close(observer.final.metrics[i][name], value, msg=name)
+
+
+def test_each_member_stops_early_where_its_own_early_stopping_stops_its_run() -> None:
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from furcate_hydra.fusion.member_stopping import MemberStopping
+
+    def stopper() -> EarlyStopping:
+        return EarlyStopping(monitor="val_loss", patience=1, min_delta=0.01)
+
+    settings: dict[str, Any] = {"max_epochs": 12}
+    lrs = [(3e-2, 0.0), (1e-2, 0.0), (3e-3, 0.0), (1e-1, 0.5)]
+    fused = [_member(i, lr, wd) for i, (lr, wd) in enumerate(lrs)]
+    train, val = _loaders()
+    trainers: list[Any] = [L.Trainer(**QUIET, **settings, callbacks=[stopper()]) for _ in fused]
+    calls = [read_fit_call(t, m, train, val) for t, m in zip(trainers, fused, strict=True)]
+    assert all(call.fusable for call in calls), [call.reasons for call in calls]
+    assert calls[0].shape is not None
+    observer = MemberStopping([t.callbacks for t in trainers], calls[0].shape)
+    members = [call.member for call in calls if call.member is not None]
+    outcome = fused_fit(members, calls[0].shape, train, val, observer)
+    stopped_early = 0
+    for i, (lr, wd) in enumerate(lrs):
+        own = stopper()
+        alone = _member(i, lr, wd)
+        trainer = L.Trainer(**QUIET, **settings, callbacks=[own])
+        trainer.fit(alone, train, val)
+        stopped_early += trainer.current_epoch < settings["max_epochs"]
+        assert outcome.progress[i].epochs == trainer.current_epoch
+        _assert_same_weights(fused[i], alone)
+        mine = early_stopping_of(trainers[i])
+        assert (mine.wait_count, mine.stopped_epoch) == (own.wait_count, own.stopped_epoch)
+        # under vmap a logged loss can differ from its run's in the last bit (1-2 ulp: the
+        # batched reduction), though the gradients and weights do not
+        torch.testing.assert_close(mine.best_score, own.best_score)
+    assert stopped_early >= 2  # the grid is one where early stopping acts
+
+
+def early_stopping_of(trainer: Any) -> Any:
+    from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
+
+    (found,) = early_stopping_callbacks(trainer.callbacks)
+    return found

@@ -61,8 +61,11 @@ class FusionObserver(Protocol):
         """After validation: its epoch means; returns the members that stop now (bool ``[N]``)."""
         ...
 
-    def train_epoch_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> None:
-        """After a training epoch: the means of what was logged on_epoch in training."""
+    def train_epoch_end(
+        self, step: int, epoch: int, means: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """After a training epoch: the means of what was logged on_epoch in training; returns
+        the members that stop now (bool ``[N]``), or None: none."""
 
 
 @dataclass
@@ -168,7 +171,9 @@ def fused_fit(
                 active &= ~stop.to(torch.bool)
             if not _below(step, shape.max_steps) or not bool(active.any()):
                 break
-        observer.train_epoch_end(step, epoch, means.result())
+        ended = observer.train_epoch_end(step, epoch, means.result())
+        if ended is not None:
+            active &= ~ended.to(torch.bool)
         for i in _members(training):
             progress[i].epochs += 1
         _step_schedulers(
