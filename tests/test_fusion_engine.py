@@ -661,3 +661,21 @@ def early_stopping_of(trainer: Any) -> Any:
 
     (found,) = early_stopping_callbacks(trainer.callbacks)
     return found
+
+
+def test_reading_a_fit_call_probes_its_steps_without_drawing_from_any_random_stream() -> None:
+    train, val = _loaders()
+    generator = torch.Generator().manual_seed(3)
+    shuffled = DataLoader(train.dataset, batch_size=16, shuffle=True, generator=generator)
+    trainer = L.Trainer(**QUIET, max_epochs=2)
+    module = _member(0, 1e-3, 0.0)
+    before = torch.get_rng_state(), generator.get_state()
+    assert read_fit_call(trainer, module, shuffled, val).fusable
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert torch.equal(generator.get_state(), before[1])
+    assert read_fit_call(trainer, WithMetric(), train).reasons == [
+        "MulticlassAccuracy updated inside training_step"
+    ]
+    assert read_fit_call(trainer, Branching(1e-3, 0.0), train).reasons == [
+        "its training_step branches on a tensor's value"
+    ]

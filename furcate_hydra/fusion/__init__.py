@@ -22,5 +22,6 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     signature.py       what the members of a group share
     refusals.py        why a module cannot be fused, read from it: one line per reason
     probe.py           why it cannot, shown by running one step
+    sample_batch.py    a batch for a probe or a timing, drawn from no random stream
     grouping.py        which members train together, and each one left alone's reason
 """

@@ -21,7 +21,9 @@ from torch.utils.data import DataLoader
 
 from furcate_hydra.fusion.fused_fit import MemberTraining, SchedulerPlan
 from furcate_hydra.fusion.optimizer import optimizer_refusals
+from furcate_hydra.fusion.probe import step_refusals
 from furcate_hydra.fusion.refusals import module_refusals
+from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.fusion.settings import TrainingShape
 
 # LightningModule hooks Lightning calls during training, which the fused loop does not call
@@ -80,6 +82,9 @@ def read_fit_call(
     )
     call.train_loader, call.val_loader = train, val
     call.reasons += reasons
+    if call.reasons:
+        return call
+    call.reasons += step_refusals(model, sample_batch(train), sample_batch(val))
     if call.reasons:
         return call
     optimizer, schedulers, reasons = read_optimizers(model.configure_optimizers())

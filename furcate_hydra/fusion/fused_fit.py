@@ -20,6 +20,7 @@ from torch import nn
 from furcate_hydra.fusion.epoch_means import EpochMeans
 from furcate_hydra.fusion.member_progress import MemberProgress
 from furcate_hydra.fusion.optimizer import FusedOptimizer, optimized_names
+from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.fusion.settings import TrainingShape
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.step_logs import LogOptions, StepLogs
@@ -109,7 +110,7 @@ def fused_fit(
     count = len(members)
     active = torch.ones(count, dtype=torch.bool)
     progress = [replace(p) for p in start] if start else [MemberProgress() for _ in members]
-    sample = _sample_batch(train_loader) if step_mode == "auto" else None
+    sample = sample_batch(train_loader) if step_mode == "auto" else None
     if sample is None:
         step_mode = "vmap" if step_mode == "auto" else step_mode
     else:
@@ -271,21 +272,6 @@ def _step_schedulers(
 
 def _on_step(logs: StepLogs) -> dict[str, torch.Tensor]:
     return {name: value for name, value in logs.values.items() if logs.options[name].on_step}
-
-
-def _sample_batch(loader: Any) -> Any:
-    """A batch shaped as the loader's, read from its dataset without its sampler: iterating
-    the loader would draw from the random streams its epochs draw from (None where it is not
-    a DataLoader over a dataset that can be indexed)."""
-    size = getattr(loader, "batch_size", None)
-    dataset: Any = getattr(loader, "dataset", None)
-    collate = getattr(loader, "collate_fn", None)
-    if not size or collate is None or not hasattr(dataset, "__len__"):
-        return None
-    try:
-        return collate([dataset[i] for i in range(min(size, len(dataset)))])
-    except (TypeError, IndexError, KeyError):
-        return None
 
 
 def _batch_size(batch: Any) -> int:

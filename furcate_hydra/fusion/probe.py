@@ -25,7 +25,10 @@ _DATA_DEPENDENT = ("data-dependent control flow", ".item()", "data-dependent")
 
 
 def step_refusals(module: nn.Module, train_batch: Any, val_batch: Any | None) -> list[str]:
-    """Why ``module``'s steps cannot run vmapped (empty: they can), from one batch each."""
+    """Why ``module``'s steps cannot run vmapped (empty: they can), from one batch each
+    (none where ``train_batch`` is None: nothing to probe with)."""
+    if train_batch is None:
+        return []
     stack = MemberStack([module])
     hooks: list[tuple[str, Any]] = [("training_step", train_batch)]
     if val_batch is not None and _overrides(module, "validation_step"):
