@@ -24,4 +24,5 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     probe.py           why it cannot, shown by running one step
     sample_batch.py    a batch for a probe or a timing, drawn from no random stream
     grouping.py        which members train together, and each one left alone's reason
+    rendezvous.py      the members' processes find each other: one leads, the others follow
 """

@@ -1,0 +1,145 @@
+"""The members of a fused group find each other: the processes of the jobs placed together
+on one slot, each at its ``fit``.
+
+The group's directory is the launcher's (one per set of jobs placed together, with how many
+they are); its first member to arrive leads: it creates ``leader`` exclusively, listens on a
+Unix socket named after the directory (in Linux's abstract namespace: a sweep dir's path may
+be longer than a socket path can be) and waits until every member has joined or left. A
+member leaves before joining when its job ends without reaching ``fit`` (the launcher writes
+``left-<key>`` for it), so no leader waits for a job that is gone. Each joining member sends
+what it brings (its payload) and then takes its instructions from the leader over its
+connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+LEADER = "leader"
+_POLL_S = 0.05
+
+
+def _address(directory: Path) -> str:
+    digest = hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:24]
+    return f"\0furcate-fusion-{digest}"
+
+
+class RendezvousError(RuntimeError):
+    """The group could not form: the text names what is missing."""
+
+
+@dataclass
+class Joined:
+    """A member as the leader sees it: its key, what it brought, its line (None: the leader)."""
+
+    key: str
+    payload: Any
+    connection: Connection | None
+
+
+@dataclass
+class Leading:
+    """This process leads: every member that joined, itself first."""
+
+    members: list[Joined]
+
+    def send(self, key: str, message: Any) -> None:
+        for member in self.members:
+            if member.key == key and member.connection is not None:
+                member.connection.send(message)
+
+    def close(self) -> None:
+        for member in self.members:
+            if member.connection is not None:
+                member.connection.close()
+
+
+@dataclass
+class Following:
+    """This process follows: its line to the leader."""
+
+    connection: Connection
+
+    def receive(self, timeout_s: float | None = None) -> Any:
+        if timeout_s is not None and not self.connection.poll(timeout_s):
+            raise RendezvousError(f"the group's leader said nothing for {timeout_s:.0f} s")
+        try:
+            return self.connection.recv()
+        except EOFError:
+            raise RendezvousError("the group's leader is gone (its process ended)") from None
+
+    def send(self, message: Any) -> None:
+        self.connection.send(message)
+
+
+def left(directory: Path, key: str) -> None:
+    """Say that member ``key`` will not join (its job ended before its ``fit``)."""
+    (directory / f"left-{key}").touch()
+
+
+def join(
+    directory: Path, key: str, size: int, payload: Any, timeout_s: float
+) -> Leading | Following:
+    """Join the group of ``size`` members in ``directory``: lead it, or follow its leader."""
+    try:
+        mark = os.open(directory / LEADER, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return _follow(directory, key, payload, timeout_s)
+    os.write(mark, str(os.getpid()).encode())
+    os.close(mark)
+    return _lead(directory, key, size, payload, timeout_s)
+
+
+def _lead(directory: Path, key: str, size: int, payload: Any, timeout_s: float) -> Leading:
+    members = [Joined(key, payload, None)]
+    deadline = time.monotonic() + timeout_s
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(_address(directory))
+        server.listen()
+        server.settimeout(_POLL_S)
+        while len(members) + _gone(directory) < size:
+            if time.monotonic() > deadline:
+                joined = ", ".join(sorted(m.key for m in members))
+                raise RendezvousError(
+                    f"{size - len(members) - _gone(directory)} of {size} members neither joined "
+                    f"nor left in {timeout_s:.0f} s (joined: {joined})"
+                )
+            try:
+                accepted, _ = server.accept()
+            except TimeoutError:
+                continue
+            accepted.settimeout(None)
+            connection = Connection(accepted.detach())
+            their_key, their_payload = connection.recv()
+            members.append(Joined(their_key, their_payload, connection))
+    return Leading(members)
+
+
+def _gone(directory: Path) -> int:
+    return sum(1 for _ in directory.glob("left-*"))
+
+
+def _follow(directory: Path, key: str, payload: Any, timeout_s: float) -> Following:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            client.connect(_address(directory))
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            client.close()
+            if time.monotonic() > deadline:
+                raise RendezvousError(
+                    f"no leader of the group in {directory} listened in {timeout_s:.0f} s"
+                ) from None
+            time.sleep(_POLL_S)
+    connection = Connection(client.detach())
+    connection.send((key, payload))
+    return Following(connection)

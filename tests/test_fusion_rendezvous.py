@@ -1,0 +1,87 @@
+"""Members of a fused group find each other across real processes: one leads, the others
+follow, a member whose job ended before its fit is not waited for."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from furcate_hydra.fusion.rendezvous import Leading, RendezvousError, join, left
+
+FORK = multiprocessing.get_context("fork")
+
+
+def member(directory: Path, key: str, size: int, results: Any) -> None:
+    """A member process: join, and report what it learned."""
+    role = join(directory, key, size, {"key": key, "pid": os.getpid()}, timeout_s=30)
+    if isinstance(role, Leading):
+        keys = [m.key for m in role.members]
+        for joined in role.members:
+            role.send(joined.key, ("you are", joined.key, "of", keys))
+        results.put(("leader", key, sorted(keys), [m.payload["key"] for m in role.members]))
+        role.close()
+    else:
+        results.put(("follower", key, role.receive(timeout_s=30)))
+
+
+def run_members(directory: Path, keys: list[str], size: int) -> list[Any]:
+    results = FORK.Queue()
+    processes = [FORK.Process(target=member, args=(directory, k, size, results)) for k in keys]
+    for process in processes:
+        process.start()
+    got = [results.get(timeout=60) for _ in keys]
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    return got
+
+
+def test_one_member_leads_and_every_other_hears_from_it(tmp_path: Path) -> None:
+    keys = [f"job{i}" for i in range(5)]
+    got = run_members(tmp_path, keys, size=5)
+    (leader,) = [g for g in got if g[0] == "leader"]
+    assert leader[2] == sorted(keys) and sorted(leader[3]) == sorted(keys)  # every payload
+    followers = [g for g in got if g[0] == "follower"]
+    assert len(followers) == 4
+    for _, key, message in followers:
+        assert message[:2] == ("you are", key) and sorted(message[3]) == sorted(keys)
+
+
+def test_a_member_that_left_before_its_fit_is_not_waited_for(tmp_path: Path) -> None:
+    left(tmp_path, "job2")
+    got = run_members(tmp_path, ["job0", "job1", "job3"], size=4)
+    (leader,) = [g for g in got if g[0] == "leader"]
+    assert leader[2] == ["job0", "job1", "job3"]
+
+
+def test_a_leader_waiting_for_members_that_never_come_says_how_many(tmp_path: Path) -> None:
+    with pytest.raises(RendezvousError, match=r"2 of 3 members neither joined nor left in 0 s"):
+        join(tmp_path, "job0", 3, None, timeout_s=0.3)
+
+
+def test_a_follower_without_a_leader_says_where_it_looked(tmp_path: Path) -> None:
+    (tmp_path / "leader").write_text("12345")  # a leader that never listened
+    with pytest.raises(RendezvousError, match="no leader of the group in"):
+        join(tmp_path, "job1", 2, None, timeout_s=0.3)
+
+
+def leader_that_dies(directory: Path) -> None:
+    join(directory, "job0", 2, None, timeout_s=30)
+    os._exit(0)  # gone without a word to its member
+
+
+def test_a_follower_whose_leader_died_says_so(tmp_path: Path) -> None:
+    process = FORK.Process(target=leader_that_dies, args=(tmp_path,))
+    process.start()
+    while not (tmp_path / "leader").exists():  # it leads: this process follows
+        time.sleep(0.01)
+    follower = join(tmp_path, "job1", 2, None, timeout_s=30)
+    process.join(timeout=30)
+    assert not isinstance(follower, Leading)
+    with pytest.raises(RendezvousError, match="leader is gone"):
+        follower.receive(timeout_s=10)
