@@ -1,11 +1,13 @@
 """Members of a fused group find each other across real processes: one leads, the others
-follow, a member whose job ended before its fit is not waited for."""
+follow, a member whose job ended before its fit is not waited for; the leader trains the
+group and hands each member its own run's end."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,11 @@ import pytest
 from furcate_hydra.fusion.rendezvous import Leading, RendezvousError, join, left
 
 FORK = multiprocessing.get_context("fork")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning() -> None:
+    warnings.filterwarnings("ignore", module="lightning")
 
 
 def member(directory: Path, key: str, size: int, results: Any) -> None:
@@ -85,3 +92,50 @@ def test_a_follower_whose_leader_died_says_so(tmp_path: Path) -> None:
     assert not isinstance(follower, Leading)
     with pytest.raises(RendezvousError, match="leader is gone"):
         follower.receive(timeout_s=10)
+
+
+def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
+    """A member process as a job's fit will be: read its fit, join, train or be trained."""
+    import lightning as L
+
+    from furcate_hydra.fusion.coordinator import Offer, Trained, lead
+    from furcate_hydra.fusion.fit_call import read_fit_call
+    from tests.test_fusion_engine import CONFIGS, QUIET, WithMetric, _loaders, _member
+
+    train, val = _loaders()
+    module = WithMetric() if index == len(CONFIGS) else _member(index, *CONFIGS[index])
+    trainer = L.Trainer(**QUIET, max_epochs=3)
+    offer = Offer(read_fit_call(trainer, module, train, val), [], L.__version__)
+    role = join(directory, f"job{index}", size, offer, timeout_s=60)
+    end = lead(role, fuse_max=8) if isinstance(role, Leading) else role.receive(timeout_s=120)
+    if isinstance(end, Trained):
+        module.load_state_dict(end.checkpoint["state_dict"])
+        weights = {k: v.tolist() for k, v in module.state_dict().items()}
+        results.put((index, "trained", weights, end.group, sorted(end.callback_metrics)))
+    else:
+        results.put((index, "alone", end.reason))
+
+
+def test_a_group_formed_across_processes_hands_each_member_its_own_run(tmp_path: Path) -> None:
+    import torch
+
+    from tests.test_fusion_engine import CONFIGS, _alone
+
+    size = len(CONFIGS) + 1
+    results = FORK.Queue()
+    processes = [
+        FORK.Process(target=fused_member, args=(tmp_path, i, size, results)) for i in range(size)
+    ]
+    for process in processes:
+        process.start()
+    got = {item[0]: item[1:] for item in (results.get(timeout=180) for _ in processes)}
+    for process in processes:
+        process.join(timeout=30)
+    assert got[len(CONFIGS)] == ("alone", "MulticlassAccuracy updated inside training_step")
+    for index, (lr, wd) in enumerate(CONFIGS):
+        kind, weights, group, metrics = got[index]
+        assert kind == "trained" and sorted(group) == [f"job{i}" for i in range(len(CONFIGS))]
+        assert metrics == ["train_loss", "train_loss_epoch", "train_loss_step", "val_loss"]
+        alone, _ = _alone(index, lr, wd, {"max_epochs": 3})
+        for name, value in alone.state_dict().items():
+            assert torch.equal(torch.tensor(weights[name]), value), name

@@ -25,4 +25,5 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     sample_batch.py    a batch for a probe or a timing, drawn from no random stream
     grouping.py        which members train together, and each one left alone's reason
     rendezvous.py      the members' processes find each other: one leads, the others follow
+    coordinator.py     the leader: groups formed, each trained as one, each member its end
 """

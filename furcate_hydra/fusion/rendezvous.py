@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import socket
 import time
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ class Leading:
     def send(self, key: str, message: Any) -> None:
         for member in self.members:
             if member.key == key and member.connection is not None:
-                member.connection.send(message)
+                _send(member.connection, message)
 
     def close(self) -> None:
         for member in self.members:
@@ -71,12 +72,23 @@ class Following:
         if timeout_s is not None and not self.connection.poll(timeout_s):
             raise RendezvousError(f"the group's leader said nothing for {timeout_s:.0f} s")
         try:
-            return self.connection.recv()
+            return _receive(self.connection)
         except EOFError:
             raise RendezvousError("the group's leader is gone (its process ended)") from None
 
     def send(self, message: Any) -> None:
-        self.connection.send(message)
+        _send(self.connection, message)
+
+
+def _send(connection: Connection, message: Any) -> None:
+    # plain pickle, not the connection's: torch's reductions for multiprocessing would share
+    # a tensor's storage by passing a file descriptor, which the sender must stay alive to
+    # hand over; a copy of the bytes needs nothing of it
+    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _receive(connection: Connection) -> Any:
+    return pickle.loads(connection.recv_bytes())
 
 
 def left(directory: Path, key: str) -> None:
@@ -117,7 +129,7 @@ def _lead(directory: Path, key: str, size: int, payload: Any, timeout_s: float) 
                 continue
             accepted.settimeout(None)
             connection = Connection(accepted.detach())
-            their_key, their_payload = connection.recv()
+            their_key, their_payload = _receive(connection)
             members.append(Joined(their_key, their_payload, connection))
     return Leading(members)
 
@@ -141,5 +153,5 @@ def _follow(directory: Path, key: str, payload: Any, timeout_s: float) -> Follow
                 ) from None
             time.sleep(_POLL_S)
     connection = Connection(client.detach())
-    connection.send((key, payload))
+    _send(connection, (key, payload))
     return Following(connection)

@@ -1,0 +1,117 @@
+"""What the leader of a fused group does with what its members brought: form the groups,
+tell each member left alone why, train each group as one, and hand every member its own
+end: its Lightning checkpoint, its final callback metrics, its progress.
+
+A member brings an ``Offer``: its module and fit as ``read_fit_call`` read them (or the
+reasons it cannot be fused), its callbacks (its early stopping), its signature. The module
+travels pickled, by reference to its class: every member process is a fork of the same
+launcher, so the class is importable wherever it arrives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from furcate_hydra.fusion.fit_call import FitCall
+from furcate_hydra.fusion.fused_fit import MemberTraining, fused_fit
+from furcate_hydra.fusion.grouping import Candidate, form_groups
+from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
+from furcate_hydra.fusion.member_stopping import MemberStopping
+from furcate_hydra.fusion.rendezvous import Leading
+from furcate_hydra.fusion.signature import FusionSignature
+
+
+@dataclass
+class Offer:
+    """What one member brings to its group, at its ``fit``."""
+
+    call: FitCall
+    callbacks: list[Any] = field(default_factory=list)
+    lightning_version: str = ""
+
+    @property
+    def signature(self) -> FusionSignature | None:
+        call = self.call
+        if call.reasons or call.member is None or call.shape is None:
+            return None
+        return FusionSignature.of(
+            call.member.module, call.shape, call.train_loader, call.val_loader
+        )
+
+
+@dataclass(frozen=True)
+class Alone:
+    """Run your own ``fit``: no group trains you."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Trained:
+    """Your end, as your own run would have ended: load it and go on after ``fit``."""
+
+    checkpoint: dict[str, Any]
+    callback_metrics: dict[str, torch.Tensor]
+    group: tuple[str, ...]
+    step_mode: str
+
+
+def lead(leading: Leading, fuse_max: int, device: torch.device | None = None) -> Alone | Trained:
+    """Form the groups, train them, send every member its end; the leader's own is returned."""
+    offers: dict[str, Offer] = {m.key: m.payload for m in leading.members}
+    own_key = leading.members[0].key
+    candidates = [
+        Candidate(key, offer.signature, tuple(offer.call.reasons)) for key, offer in offers.items()
+    ]
+    grouping = form_groups(candidates, fuse_max)
+    ends: dict[str, Alone | Trained] = {
+        key: Alone(reason) for key, reason in grouping.alone.items()
+    }
+    for key, end in ends.items():
+        if key != own_key:
+            leading.send(key, end)
+    for group in grouping.groups:
+        for key, end in _train(group, offers, device).items():
+            ends[key] = end
+            if key != own_key:
+                leading.send(key, end)
+    return ends[own_key]
+
+
+def _train(
+    group: list[str], offers: dict[str, Offer], device: torch.device | None
+) -> dict[str, Trained]:
+    first = offers[group[0]].call
+    assert first.shape is not None
+    # each member's module, optimizer and schedulers came in one pickle: the optimizer still
+    # holds that module's parameters, the schedulers that optimizer
+    members = [_member(offers[key]) for key in group]
+    observer = MemberStopping([offers[key].callbacks for key in group], first.shape)
+    outcome = fused_fit(
+        members, first.shape, first.train_loader, first.val_loader, observer, device
+    )
+    ends = {}
+    for index, key in enumerate(group):
+        offer = offers[key]
+        states = {_state_key(cb): cb.state_dict() for cb in observer.stoppers[index]}
+        checkpoint = lightning_checkpoint(
+            members[index], outcome.progress[index], offer.lightning_version, states
+        )
+        metrics = {
+            name: value.detach().cpu() for name, value in observer.final.metrics[index].items()
+        }
+        ends[key] = Trained(checkpoint, metrics, tuple(group), outcome.step_mode)
+    return ends
+
+
+def _member(offer: Offer) -> MemberTraining:
+    assert offer.call.member is not None
+    return offer.call.member
+
+
+def _state_key(callback: Any) -> str:
+    """Where Lightning keeps a callback's state in a checkpoint."""
+    return str(getattr(callback, "state_key", type(callback).__qualname__))
