@@ -126,7 +126,13 @@ RULES = (
     Rule("furcate_hydra/tuning", (*SHARED, ENV_VARS, "furcate_hydra.tuning"), (*HYDRA, "torch")),
     Rule(
         "furcate_hydra/lightning",
-        (*SHARED, ENV_VARS, "furcate_hydra.lightning", "furcate_hydra.tuning"),
+        (
+            *SHARED,
+            ENV_VARS,
+            "furcate_hydra.lightning",
+            "furcate_hydra.tuning",
+            "furcate_hydra.fusion",
+        ),
         HYDRA,
     ),
     # fused trials' training: torch in the job's process, nothing of the launcher's side

@@ -107,7 +107,10 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
     trainer = L.Trainer(**QUIET, max_epochs=3)
     offer = Offer(read_fit_call(trainer, module, train, val), [], L.__version__)
     role = join(directory, f"job{index}", size, offer, timeout_s=60)
-    end = lead(role, fuse_max=8) if isinstance(role, Leading) else role.receive(timeout_s=120)
+    if isinstance(role, Leading):
+        end = lead(role, fuse_max=8)[role.members[0].key]
+    else:
+        end = role.receive(timeout_s=120)
     if isinstance(end, Trained):
         module.load_state_dict(end.checkpoint["state_dict"])
         weights = {k: v.tolist() for k, v in module.state_dict().items()}
@@ -121,10 +124,14 @@ def test_a_group_formed_across_processes_hands_each_member_its_own_run(tmp_path:
 
     from tests.test_fusion_engine import CONFIGS, _alone
 
+    # members as jobs are: forks of a process that has imported torch but run nothing with
+    # it (a fork of this test's process, which may have, can hang in OpenMP's thread pool)
+    warm = multiprocessing.get_context("forkserver")
+    warm.set_forkserver_preload(["torch", "lightning", "tests.test_fusion_engine"])
     size = len(CONFIGS) + 1
-    results = FORK.Queue()
+    results = warm.Queue()
     processes = [
-        FORK.Process(target=fused_member, args=(tmp_path, i, size, results)) for i in range(size)
+        warm.Process(target=fused_member, args=(tmp_path, i, size, results)) for i in range(size)
     ]
     for process in processes:
         process.start()

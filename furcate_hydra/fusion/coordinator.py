@@ -59,10 +59,12 @@ class Trained:
     step_mode: str
 
 
-def lead(leading: Leading, fuse_max: int, device: torch.device | None = None) -> Alone | Trained:
-    """Form the groups, train them, send every member its end; the leader's own is returned."""
+def lead(
+    leading: Leading, fuse_max: int, device: torch.device | None = None
+) -> dict[str, Alone | Trained]:
+    """Form the groups, train them, send every other member its end; every end, by key (the
+    leader's own among them, under ``leading.members[0].key``)."""
     offers: dict[str, Offer] = {m.key: m.payload for m in leading.members}
-    own_key = leading.members[0].key
     candidates = [
         Candidate(key, offer.signature, tuple(offer.call.reasons)) for key, offer in offers.items()
     ]
@@ -71,14 +73,12 @@ def lead(leading: Leading, fuse_max: int, device: torch.device | None = None) ->
         key: Alone(reason) for key, reason in grouping.alone.items()
     }
     for key, end in ends.items():
-        if key != own_key:
-            leading.send(key, end)
+        leading.send(key, end)  # the leader's own goes nowhere: it has no line
     for group in grouping.groups:
         for key, end in _train(group, offers, device).items():
             ends[key] = end
-            if key != own_key:
-                leading.send(key, end)
-    return ends[own_key]
+            leading.send(key, end)
+    return ends
 
 
 def _train(

@@ -180,7 +180,7 @@ class FusedOptimizer:
             if self.kind == "SGD":
                 new = self._sgd(param, grad, slot, hyper, nesterov, mask)
             else:
-                new = self._adam(param, grad, slot, hyper, decoupled=self.kind == "AdamW")
+                new = self._adam(param, grad, slot, hyper, self.kind == "AdamW", mask)
             param.copy_(torch.where(mask, new, param))
 
     def _sgd(
@@ -215,6 +215,7 @@ class FusedOptimizer:
         slot: _Slot,
         hyper: dict[str, torch.Tensor],
         decoupled: bool,
+        mask: torch.Tensor,
     ) -> torch.Tensor:
         steps = self.steps.clamp(min=1)
         lr, decay = hyper["lr"], hyper["weight_decay"]
@@ -225,13 +226,16 @@ class FusedOptimizer:
         if slot.first is None or slot.second is None:
             slot.first = torch.zeros_like(param)
             slot.second = torch.zeros_like(param)
-        slot.first.lerp_(grad, _shaped(1 - hyper["beta1"], param))
-        slot.second.mul_(_shaped(hyper["beta2"], param))
-        slot.second.addcmul_(grad * _shaped(1 - hyper["beta2"], param), grad)
+        first = slot.first.lerp(grad, _shaped(1 - hyper["beta1"], param))
+        second = slot.second * _shaped(hyper["beta2"], param)
+        second.addcmul_(grad * _shaped(1 - hyper["beta2"], param), grad)
+        # a member that stopped keeps its moments as they were: its checkpoint holds them
+        slot.first = torch.where(mask, first, slot.first)
+        slot.second = torch.where(mask, second, slot.second)
         step_size = _shaped(-(lr / (1 - hyper["beta1"] ** steps)), param)
         correction2_sqrt = _shaped((1 - hyper["beta2"] ** steps) ** 0.5, param)
-        denom = (slot.second.sqrt() / correction2_sqrt).add_(_shaped(hyper["eps"], param))
-        return torch.addcdiv(param, slot.first * step_size, denom)
+        denom = (second.sqrt() / correction2_sqrt).add_(_shaped(hyper["eps"], param))
+        return torch.addcdiv(param, first * step_size, denom)
 
 
 def _shaped(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

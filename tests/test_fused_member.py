@@ -1,0 +1,64 @@
+"""A fused member's own Trainer ends its fit as its own run would have: after the group's
+leader trained it, the app's code after ``fit`` sees the same Trainer and module."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import EarlyStopping
+
+from furcate_hydra.fusion.coordinator import Offer, Trained, lead
+from furcate_hydra.fusion.fit_call import read_fit_call
+from furcate_hydra.fusion.rendezvous import Joined, Leading
+from furcate_hydra.lightning._fused_member import finish_trained
+from tests.test_fusion_engine import QUIET, _assert_same_weights, _loaders, _member, _state_equal
+
+CONFIGS = [(3e-2, 0.0), (1e-2, 0.0), (3e-3, 0.0), (1e-1, 0.5)]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning() -> None:
+    warnings.filterwarnings("ignore", module="lightning")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+
+def stopper() -> EarlyStopping:
+    return EarlyStopping(monitor="val_loss", patience=1, min_delta=0.01)
+
+
+def test_each_members_trainer_ends_fit_where_its_own_run_ended() -> None:
+    train, val = _loaders()
+    modules = [_member(i, lr, wd) for i, (lr, wd) in enumerate(CONFIGS)]
+    trainers: list[Any] = [
+        L.Trainer(**QUIET, max_epochs=12, callbacks=[stopper()]) for _ in CONFIGS
+    ]
+    offers = [
+        Offer(read_fit_call(t, m, train, val), list(t.callbacks), L.__version__)
+        for t, m in zip(trainers, modules, strict=True)
+    ]
+    ends = lead(Leading([Joined(f"job{i}", o, None) for i, o in enumerate(offers)]), fuse_max=8)
+    for i, (lr, wd) in enumerate(CONFIGS):
+        end = ends[f"job{i}"]
+        assert isinstance(end, Trained)
+        finish_trained(L.Trainer.fit, trainers[i], modules[i], end, train, val)
+        alone = _member(i, lr, wd)
+        own: Any = L.Trainer(**QUIET, max_epochs=12, callbacks=[stopper()])
+        own.fit(alone, train, val)
+        mine = trainers[i]
+        assert (mine.current_epoch, mine.global_step) == (own.current_epoch, own.global_step)
+        _assert_same_weights(modules[i], alone)
+        _state_equal(mine.optimizers[0].state_dict(), own.optimizers[0].state_dict())
+        assert mine.callback_metrics.keys() == own.callback_metrics.keys()
+        for name, value in own.callback_metrics.items():
+            torch.testing.assert_close(mine.callback_metrics[name], value, msg=name)
+        ours, theirs = mine.early_stopping_callback, own.early_stopping_callback
+        assert (ours.wait_count, ours.stopped_epoch) == (theirs.wait_count, theirs.stopped_epoch)
+        # the app's code after fit: a validation on the trained module
+        after = mine.validate(modules[i], val, verbose=False)
+        assert after == own.validate(alone, val, verbose=False)
+    assert len({t.current_epoch for t in trainers}) > 1  # members ended at different epochs
