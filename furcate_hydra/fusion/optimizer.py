@@ -162,84 +162,108 @@ class FusedOptimizer:
     ) -> None:
         """Update ``params`` in place from ``grads`` for the members where ``active`` holds."""
         self.steps += active.to(torch.float64).cpu()
-        if self.kind == "SGD":
-            hyper = {k: self._hyper(k) for k in ("lr", "weight_decay", "momentum", "dampening")}
-            nesterov = bool(self.members[0].param_groups[0]["nesterov"])
-        else:
-            hyper = {k: self._hyper(k) for k in ("lr", "weight_decay", "eps")}
-            betas = [opt.param_groups[0]["betas"] for opt in self.members]
-            hyper["beta1"] = torch.tensor([float(b[0]) for b in betas], dtype=torch.float64)
-            hyper["beta2"] = torch.tensor([float(b[1]) for b in betas], dtype=torch.float64)
+        nesterov = self.kind == "SGD" and bool(self.members[0].param_groups[0]["nesterov"])
+        # every scalar is computed in float64 first, as torch computes a Python float, then
+        # moved once a step to where the parameters are
+        hyper = _Hyper(self._sgd_scalars() if self.kind == "SGD" else self._adam_scalars())
+        mask_of = _Hyper({"active": active.to(torch.float64)})
         for name in self.names:
             param = params[name]
             grad = grads.get(name)
             if grad is None:
                 continue
             slot = self._state.setdefault(name, _Slot())
-            mask = _shaped(active, param).to(torch.bool)
+            mask = mask_of("active", param) != 0
             if self.kind == "SGD":
                 new = self._sgd(param, grad, slot, hyper, nesterov, mask)
             else:
                 new = self._adam(param, grad, slot, hyper, self.kind == "AdamW", mask)
             param.copy_(torch.where(mask, new, param))
 
+    def _sgd_scalars(self) -> dict[str, torch.Tensor]:
+        return {
+            "neg_lr": -self._hyper("lr"),
+            "weight_decay": self._hyper("weight_decay"),
+            "momentum": self._hyper("momentum"),
+            "undamped": 1 - self._hyper("dampening"),
+        }
+
+    def _adam_scalars(self) -> dict[str, torch.Tensor]:
+        lr, decay = self._hyper("lr"), self._hyper("weight_decay")
+        betas = [opt.param_groups[0]["betas"] for opt in self.members]
+        beta1 = torch.tensor([float(b[0]) for b in betas], dtype=torch.float64)
+        beta2 = torch.tensor([float(b[1]) for b in betas], dtype=torch.float64)
+        steps = self.steps.clamp(min=1)
+        return {
+            "weight_decay": decay,
+            "decay_factor": 1 - lr * decay,
+            "one_minus_beta1": 1 - beta1,
+            "beta2": beta2,
+            "one_minus_beta2": 1 - beta2,
+            "neg_step_size": -(lr / (1 - beta1**steps)),
+            "correction2_sqrt": (1 - beta2**steps) ** 0.5,
+            "eps": self._hyper("eps"),
+        }
+
     def _sgd(
         self,
         param: torch.Tensor,
         grad: torch.Tensor,
         slot: _Slot,
-        hyper: dict[str, torch.Tensor],
+        h: _Hyper,
         nesterov: bool,
         mask: torch.Tensor,
     ) -> torch.Tensor:
-        # every scalar is computed in float64 first, as torch computes a Python float, and
         # torch's in-place ``a + s * b`` is ``addcmul`` here (``a + s * b / c``: ``addcdiv``),
         # which rounds as that kernel does: each member's update is its own optimizer's, bitwise
-        momentum = _shaped(hyper["momentum"], param)
-        grad = torch.addcmul(grad, param, _shaped(hyper["weight_decay"], param))
+        momentum = h("momentum", param)
+        grad = torch.addcmul(grad, param, h("weight_decay", param))
         if slot.first is None:
             buffer = grad.clone()
         else:
-            buffer = torch.addcmul(
-                slot.first * momentum, grad, _shaped(1 - hyper["dampening"], param)
-            )
+            buffer = torch.addcmul(slot.first * momentum, grad, h("undamped", param))
         slot.first = torch.where(mask, buffer, slot.first if slot.first is not None else buffer)
         moved = torch.addcmul(grad, buffer, momentum) if nesterov else buffer
         direction = torch.where(momentum != 0, moved, grad)
-        return torch.addcmul(param, direction, _shaped(-hyper["lr"], param))
+        return torch.addcmul(param, direction, h("neg_lr", param))
 
     def _adam(
         self,
         param: torch.Tensor,
         grad: torch.Tensor,
         slot: _Slot,
-        hyper: dict[str, torch.Tensor],
+        h: _Hyper,
         decoupled: bool,
         mask: torch.Tensor,
     ) -> torch.Tensor:
-        steps = self.steps.clamp(min=1)
-        lr, decay = hyper["lr"], hyper["weight_decay"]
         if decoupled:
-            param = param * _shaped(1 - lr * decay, param)
+            param = param * h("decay_factor", param)
         else:
-            grad = torch.addcmul(grad, param, _shaped(decay, param))
+            grad = torch.addcmul(grad, param, h("weight_decay", param))
         if slot.first is None or slot.second is None:
             slot.first = torch.zeros_like(param)
             slot.second = torch.zeros_like(param)
-        first = slot.first.lerp(grad, _shaped(1 - hyper["beta1"], param))
-        second = slot.second * _shaped(hyper["beta2"], param)
-        second.addcmul_(grad * _shaped(1 - hyper["beta2"], param), grad)
+        first = slot.first.lerp(grad, h("one_minus_beta1", param))
+        second = slot.second * h("beta2", param)
+        second.addcmul_(grad * h("one_minus_beta2", param), grad)
         # a member that stopped keeps its moments as they were: its checkpoint holds them
         slot.first = torch.where(mask, first, slot.first)
         slot.second = torch.where(mask, second, slot.second)
-        step_size = _shaped(-(lr / (1 - hyper["beta1"] ** steps)), param)
-        correction2_sqrt = _shaped((1 - hyper["beta2"] ** steps) ** 0.5, param)
-        denom = (second.sqrt() / correction2_sqrt).add_(_shaped(hyper["eps"], param))
-        return torch.addcdiv(param, first * step_size, denom)
+        denom = (second.sqrt() / h("correction2_sqrt", param)).add_(h("eps", param))
+        return torch.addcdiv(param, first * h("neg_step_size", param), denom)
 
 
-def _shaped(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``[N]`` values as ``[N, 1, ...]``, in ``like``'s dtype and device, to broadcast."""
-    shape = (values.shape[0],) + (1,) * (like.dim() - 1)
-    dtype = like.dtype if values.dtype != torch.bool else torch.bool
-    return values.to(device=like.device, dtype=dtype).view(shape)
+class _Hyper:
+    """One step's per-member scalars (float64 ``[N]``), each moved to a parameter's device and
+    dtype once, then shaped ``[N, 1, ...]`` to broadcast against it."""
+
+    def __init__(self, values: dict[str, torch.Tensor]) -> None:
+        self.values = values
+        self._moved: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
+
+    def __call__(self, key: str, like: torch.Tensor) -> torch.Tensor:
+        moved = self._moved.get((key, like.device, like.dtype))
+        if moved is None:
+            moved = self.values[key].to(device=like.device, dtype=like.dtype)
+            self._moved[(key, like.device, like.dtype)] = moved
+        return moved.view((moved.shape[0],) + (1,) * (like.dim() - 1))
