@@ -22,6 +22,7 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     signature.py       what the members of a group share
     refusals.py        why a module cannot be fused, read from it: one line per reason
     probe.py           why it cannot, shown by running one step
+    lineage.py         whose a class is (Lightning's, torchmetrics'), which hooks it defines
     sample_batch.py    a batch for a probe or a timing, drawn from no random stream
     grouping.py        which members train together, and each one left alone's reason
     rendezvous.py      the members' processes find each other: one leads, the others follow

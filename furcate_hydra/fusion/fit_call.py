@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from furcate_hydra.fusion.fused_fit import MemberTraining, SchedulerPlan
+from furcate_hydra.fusion.lineage import defines, is_lightning
 from furcate_hydra.fusion.optimizer import optimizer_refusals
 from furcate_hydra.fusion.probe import step_refusals
 from furcate_hydra.fusion.refusals import module_refusals
@@ -39,7 +40,6 @@ KNOWN_CALLBACKS = (
     "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "TQDMProgressBar",
     "RichProgressBar", "ProgressBar", "ModelSummary", "RichModelSummary", "Timer",
 )  # fmt: skip
-_LIGHTNING = ("lightning", "pytorch_lightning")
 
 
 @dataclass
@@ -72,7 +72,7 @@ def read_fit_call(
     call.reasons += _trainer_refusals(trainer)
     call.reasons += module_refusals(model)
     call.reasons += [
-        f"its {hook} runs inside training" for hook in _overridden(model, TRAINING_HOOKS)
+        f"its {hook} runs inside training" for hook in TRAINING_HOOKS if defines(model, hook)
     ]
     if not call.reasons:
         call.shape = TrainingShape.from_trainer(trainer)
@@ -157,7 +157,7 @@ def _prepare(model: Any, datamodule: Any) -> None:
         datamodule.prepare_data()
         datamodule.setup("fit")
     for hook, args in (("prepare_data", ()), ("setup", ("fit",)), ("configure_model", ())):
-        if _overridden(model, (hook,)):
+        if defines(model, hook):
             getattr(model, hook)(*args)
 
 
@@ -172,22 +172,10 @@ def _trainer_refusals(trainer: Any) -> list[str]:
         kind = type(callback)
         if kind.__module__.startswith("furcate_hydra"):
             continue  # furcate's own: the fused path does their work for each member
-        known = kind.__name__ in KNOWN_CALLBACKS and kind.__module__.startswith(_LIGHTNING)
+        known = kind.__name__ in KNOWN_CALLBACKS and is_lightning(kind)
         if not known:
             reasons.append(f"its callback {kind.__name__} acts during training")
     return reasons
-
-
-def _overridden(model: Any, hooks: tuple[str, ...]) -> list[str]:
-    """The hooks ``model``'s own classes define (not Lightning's defaults)."""
-    found = []
-    for hook in hooks:
-        for cls in type(model).__mro__:
-            if hook in vars(cls):
-                if not cls.__module__.startswith(_LIGHTNING):
-                    found.append(hook)
-                break
-    return found
 
 
 def _loaders(
@@ -201,8 +189,8 @@ def _loaders(
     else:
         source = model
     if train is None:
-        train = source.train_dataloader() if _defines(source, "train_dataloader") else None
-    if val is None and _defines(source, "val_dataloader"):
+        train = source.train_dataloader() if defines(source, "train_dataloader") else None
+    if val is None and defines(source, "val_dataloader"):
         val = source.val_dataloader()
     if shape is not None and shape.limit_val_batches in (0, 0.0):
         val = None
@@ -214,7 +202,3 @@ def _loaders(
         elif not isinstance(loader, DataLoader):
             reasons.append(f"its {label} data is a {type(loader).__name__}, not one DataLoader")
     return train, val, reasons
-
-
-def _defines(source: Any, method: str) -> bool:
-    return bool(_overridden(source, (method,)))

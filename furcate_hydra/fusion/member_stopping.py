@@ -17,22 +17,14 @@ from typing import Any
 import torch
 
 from furcate_hydra.fusion.final_metrics import FinalMetrics
+from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
 from furcate_hydra.fusion.settings import TrainingShape
 from furcate_hydra.fusion.step_logs import LogOptions
-
-_LIGHTNING = ("lightning", "pytorch_lightning")
 
 
 def early_stopping_callbacks(callbacks: Sequence[Any]) -> list[Any]:
     """The ``EarlyStopping`` callbacks (either Lightning namespace) among ``callbacks``."""
-    return [
-        cb
-        for cb in callbacks
-        if any(
-            cls.__name__ == "EarlyStopping" and cls.__module__.startswith(_LIGHTNING)
-            for cls in type(cb).__mro__
-        )
-    ]
+    return [cb for cb in callbacks if derives_from(cb, "EarlyStopping", LIGHTNING)]
 
 
 class MemberStopping:

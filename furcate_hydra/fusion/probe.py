@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from furcate_hydra.errors import first_line
+from furcate_hydra.fusion.lineage import defines
 from furcate_hydra.fusion.refusals import is_stateful_metric
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.step_logs import UnfusableStep
@@ -31,7 +32,7 @@ def step_refusals(module: nn.Module, train_batch: Any, val_batch: Any | None) ->
         return []
     stack = MemberStack([module])
     hooks: list[tuple[str, Any]] = [("training_step", train_batch)]
-    if val_batch is not None and _overrides(module, "validation_step"):
+    if val_batch is not None and defines(module, "validation_step"):
         hooks.append(("validation_step", val_batch))
     reasons = []
     was_training = module.training
@@ -50,14 +51,6 @@ def step_refusals(module: nn.Module, train_batch: Any, val_batch: Any | None) ->
                 reasons.append(f"its {hook} fails under vmap ({type(error).__name__}: {message})")
     module.train(was_training)
     return reasons
-
-
-def _overrides(module: nn.Module, hook: str) -> bool:
-    """The module defines ``hook`` itself (Lightning's own is a stub that warns)."""
-    for cls in type(module).__mro__:
-        if hook in vars(cls):
-            return not cls.__module__.startswith(("lightning", "pytorch_lightning"))
-    return False
 
 
 @contextmanager

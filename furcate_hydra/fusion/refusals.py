@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from furcate_hydra.fusion.lineage import derives_from
+
 # torch's layers that draw from the global random stream in training
 _RANDOM_LAYERS = (
     nn.Dropout,
@@ -37,7 +39,4 @@ def module_refusals(module: nn.Module) -> list[str]:
 
 def is_stateful_metric(module: nn.Module) -> bool:
     """A torchmetrics ``Metric`` (by its class's lineage: torchmetrics need not be installed)."""
-    return any(
-        cls.__name__ == "Metric" and cls.__module__.startswith("torchmetrics")
-        for cls in type(module).__mro__
-    )
+    return derives_from(module, "Metric", ("torchmetrics",))
