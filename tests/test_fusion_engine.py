@@ -600,9 +600,8 @@ class StopsAt(Recorder):
         self.final.train_step(step, epoch, logs, options)
 
     def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.final.validation_end(
-            step, epoch, means, super().validation_end(step, epoch, means)
-        )
+        self.final.validation_end(step, epoch, means)
+        return self.final.stopped(super().validation_end(step, epoch, means), epoch)
 
     def train_epoch_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> None:
         self.final.train_epoch_end(step, epoch, means)

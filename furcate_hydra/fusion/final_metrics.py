@@ -12,8 +12,8 @@ from furcate_hydra.fusion.step_logs import LogOptions
 
 
 class FinalMetrics:
-    """A ``FusionObserver`` that keeps each member's latest callback metrics; ``stop`` says
-    which members the validations stop (none, unless a test or caller sets it)."""
+    """A ``FusionObserver`` that keeps each member's latest callback metrics (it stops no
+    member itself); ``stopped`` freezes the members a caller stopped."""
 
     def __init__(self, count: int) -> None:
         self.count = count
@@ -36,22 +36,19 @@ class FinalMetrics:
                 if self.stopped_in[member] is None:
                     self.metrics[member][f"{name}_step" if both else name] = values[member]
 
-    def validation_end(
-        self,
-        step: int,
-        epoch: int,
-        means: dict[str, torch.Tensor],
-        stop: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        stop = torch.zeros(self.count, dtype=torch.bool) if stop is None else stop
+    def stopped(self, stop: torch.Tensor, epoch: int) -> torch.Tensor:
+        """The members ``stop`` names stopped in ``epoch``: what they hold now is final."""
         for member in range(self.count):
-            if self.stopped_in[member] is not None:
-                continue
-            for name, values in means.items():
-                self.metrics[member][name] = values[member]
-            if bool(stop[member]):
+            if bool(stop[member]) and self.stopped_in[member] is None:
                 self.stopped_in[member] = epoch
         return stop
+
+    def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
+        for member in range(self.count):
+            if self.stopped_in[member] is None:
+                for name, values in means.items():
+                    self.metrics[member][name] = values[member]
+        return torch.zeros(self.count, dtype=torch.bool)
 
     def train_epoch_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> None:
         for member in range(self.count):

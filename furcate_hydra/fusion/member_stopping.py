@@ -65,15 +65,10 @@ class MemberStopping:
 
     def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
         self.final.validation_end(step, epoch, means)
-        stop = self._judge(epoch, at_epoch_end=False)
-        return self.final.validation_end(step, epoch, {}, stop)
+        return self.final.stopped(self._judge(epoch, at_epoch_end=False), epoch)
 
     def train_epoch_end(
         self, step: int, epoch: int, means: dict[str, torch.Tensor]
     ) -> torch.Tensor:
         self.final.train_epoch_end(step, epoch, means)
-        stop = self._judge(epoch, at_epoch_end=True)
-        for member in range(len(self.stoppers)):
-            if bool(stop[member]):
-                self.final.stopped_in[member] = epoch
-        return stop
+        return self.final.stopped(self._judge(epoch, at_epoch_end=True), epoch)
