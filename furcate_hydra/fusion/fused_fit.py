@@ -110,17 +110,13 @@ def fused_fit(
     count = len(members)
     active = torch.ones(count, dtype=torch.bool)
     progress = [replace(p) for p in start] if start else [MemberProgress() for _ in members]
+    divisor = shape.accumulate_grad_batches
+    modes = STEP_MODES if step_mode == "auto" else (step_mode,)
+    steps = {mode: vmapped_step(base, "training_step", True, divisor, mode) for mode in modes}
     sample = sample_batch(train_loader) if step_mode == "auto" else None
-    if sample is None:
-        step_mode = "vmap" if step_mode == "auto" else step_mode
-    else:
-        divisor = shape.accumulate_grad_batches
-        step_mode = faster_mode(
-            {mode: vmapped_step(base, "training_step", True, divisor, mode) for mode in STEP_MODES},
-            stack,
-            _to(sample, device),
-        )
-    train_step = vmapped_step(base, "training_step", True, shape.accumulate_grad_batches, step_mode)
+    if step_mode == "auto":
+        step_mode = "vmap" if sample is None else faster_mode(steps, stack, _to(sample, device))
+    train_step = steps[step_mode]
     val_step = (
         vmapped_step(base, "validation_step", False, mode=step_mode)
         if val_loader is not None

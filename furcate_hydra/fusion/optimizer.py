@@ -114,9 +114,8 @@ class FusedOptimizer:
                         stacked = torch.zeros(shape, dtype=held[key].dtype)
                         setattr(slot, attribute, stacked)
                     stacked[member] = held[key]
-        if (
-            self.kind == "SGD" and self._state
-        ):  # torch counts no steps for SGD: any buffer is past one
+        # torch counts no steps for SGD: any buffer held is past its first
+        if self.kind == "SGD" and self._state:
             self.steps[:] = torch.maximum(self.steps, torch.ones_like(self.steps))
 
     def to(self, device: torch.device) -> FusedOptimizer:

@@ -27,17 +27,21 @@ class MemberStack:
         self.buffer_names = [name for name, _ in first.named_buffers()]
         self.params: dict[str, torch.Tensor] = {}
         self.buffers: dict[str, torch.Tensor] = {}
+        each_params = [dict(m.named_parameters()) for m in modules]
+        each_buffers = [dict(m.named_buffers()) for m in modules]
         for name in self.param_names:
-            stacked = torch.stack([dict(m.named_parameters())[name].detach() for m in modules])
+            stacked = torch.stack([own[name].detach() for own in each_params])
             self.params[name] = stacked.to(device).clone()
         for name in self.buffer_names:
-            stacked = torch.stack([dict(m.named_buffers())[name].detach() for m in modules])
+            stacked = torch.stack([own[name].detach() for own in each_buffers])
             self.buffers[name] = stacked.to(device).clone()
         dtype = next(iter(self.params.values())).dtype if self.params else torch.float32
         scalars, self.scalar_refusals = differing_scalars(modules, dtype)
         self.scalars = {name: values.to(device) for name, values in scalars.items()}
 
-    def parts(self) -> tuple[dict[str, torch.Tensor], ...]:
+    def parts(
+        self,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """What a step takes, in its order: parameters, buffers, the differing scalars."""
         return self.params, self.buffers, self.scalars
 

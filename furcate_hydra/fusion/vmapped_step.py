@@ -62,6 +62,10 @@ def vmapped_step(
             return torch.zeros(()), logs.values
         return loss / divisor if divisor > 1 else loss, logs.values
 
+    # the transforms, made once: each call of the step only applies them
+    member_grad = grad_and_value(one_member, has_aux=True)
+    batched = vmap(member_grad if with_grad else one_member, in_dims=(0, 0, 0, None, None))
+
     def looped(
         stack: MemberStack, batch: Any, batch_idx: int
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -72,8 +76,7 @@ def vmapped_step(
                 {k: v[member] for k, v in part.items()} for part in stack.parts()
             )
             if with_grad:
-                fn = grad_and_value(one_member, has_aux=True)
-                grad, (_, logged) = fn(params, buffers, scalars, batch, batch_idx)
+                grad, (_, logged) = member_grad(params, buffers, scalars, batch, batch_idx)
                 grads.append(grad)
             else:
                 with torch.no_grad():
@@ -88,13 +91,10 @@ def vmapped_step(
         if mode == "loop":
             grads, values = looped(stack, batch, batch_idx)
         elif with_grad:
-            fn = vmap(grad_and_value(one_member, has_aux=True), in_dims=(0, 0, 0, None, None))
-            grads, (_, values) = fn(stack.params, stack.buffers, stack.scalars, batch, batch_idx)
+            grads, (_, values) = batched(*stack.parts(), batch, batch_idx)
         else:
             with torch.no_grad():
-                _, values = vmap(one_member, in_dims=(0, 0, 0, None, None))(
-                    stack.params, stack.buffers, stack.scalars, batch, batch_idx
-                )
+                _, values = batched(*stack.parts(), batch, batch_idx)
             grads = {}
         logs.values = {k: v.detach() for k, v in values.items()}
         logs.options = dict(options_seen)
