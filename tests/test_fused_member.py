@@ -62,3 +62,18 @@ def test_each_members_trainer_ends_fit_where_its_own_run_ended() -> None:
         after = mine.validate(modules[i], val, verbose=False)
         assert after == own.validate(alone, val, verbose=False)
     assert len({t.current_epoch for t in trainers}) > 1  # members ended at different epochs
+
+
+def test_a_member_whose_optimizer_differs_runs_alone_and_its_group_trains() -> None:
+    train, val = _loaders()
+    modules = [_member(0, 1e-2, 0.0), _member(1, 3e-2, 0.0), _member(2, 1e-2, 0.0, optimizer="sgd")]
+    offers = [
+        Offer(read_fit_call(L.Trainer(**QUIET, max_epochs=2), m, train, val), [], L.__version__)
+        for m in modules
+    ]
+    ends = lead(Leading([Joined(f"job{i}", o, None) for i, o in enumerate(offers)]), fuse_max=8)
+    assert isinstance(ends["job0"], Trained) and isinstance(ends["job1"], Trained)
+    assert ends["job0"].group == ("job0", "job1")
+    alone = ends["job2"]
+    assert not isinstance(alone, Trained)
+    assert alone.reason == "its optimizer differs (SGD(nesterov=True), not Adam)"

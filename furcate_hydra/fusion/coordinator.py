@@ -37,8 +37,9 @@ class Offer:
         call = self.call
         if call.reasons or call.member is None or call.shape is None:
             return None
+        member = call.member
         return FusionSignature.of(
-            call.member.module, call.shape, call.train_loader, call.val_loader
+            member.module, call.shape, call.train_loader, call.val_loader, member.optimizer
         )
 
 

@@ -42,6 +42,15 @@ def optimizer_refusals(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]
     return sorted(set(reasons))
 
 
+def optimizer_form(optimizer: torch.optim.Optimizer) -> str:
+    """What members' optimizers must share to step as one: the class, and SGD's nesterov
+    (its hyperparameters may differ)."""
+    kind = type(optimizer).__name__
+    if kind == "SGD" and optimizer.param_groups:
+        return f"SGD(nesterov={bool(optimizer.param_groups[0].get('nesterov', False))})"
+    return kind
+
+
 # what torch's optimizers hold per parameter, as the fused state's first and second slots
 _STATE_KEYS = {
     "SGD": ("momentum_buffer",),

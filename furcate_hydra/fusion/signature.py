@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
+from furcate_hydra.fusion.optimizer import optimizer_form
 from furcate_hydra.fusion.settings import TrainingShape
 
 
@@ -57,10 +58,17 @@ class FusionSignature:
     # the global random stream at fit, when the training order draws from it: members whose
     # order follows their seed see different batches and cannot share one loader
     random_stream: str | None
+    # the optimizer's class and the flags that change its rule (its hyperparameters may differ)
+    optimizer: str = ""
 
     @classmethod
     def of(
-        cls, module: nn.Module, training: TrainingShape, train_loader: Any, val_loader: Any | None
+        cls,
+        module: nn.Module,
+        training: TrainingShape,
+        train_loader: Any,
+        val_loader: Any | None,
+        optimizer: torch.optim.Optimizer | None = None,
     ) -> FusionSignature:
         train = LoaderSignature.of(train_loader)
         stream = None
@@ -74,6 +82,7 @@ class FusionSignature:
             train_data=train,
             val_data=None if val_loader is None else LoaderSignature.of(val_loader),
             random_stream=stream,
+            optimizer="" if optimizer is None else optimizer_form(optimizer),
         )
 
     def differences(self, other: FusionSignature) -> list[str]:
@@ -83,6 +92,8 @@ class FusionSignature:
             reasons.append(f"its module is a {self.module_class.rsplit('.', 1)[-1]}")
         elif self.tensors != other.tensors:
             reasons.append("its parameter shapes differ")
+        if self.optimizer != other.optimizer:
+            reasons.append(f"its optimizer differs ({self.optimizer}, not {other.optimizer})")
         for key in self.training.differences(other.training):
             reasons.append(f"its Trainer's {key} differs")
         for label, mine, theirs in (
