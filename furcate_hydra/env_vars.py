@@ -13,6 +13,12 @@ __all__ = [
     "CHECKPOINT_EVERY_N_STEPS",
     "CHECKPOINT_EVERY_S",
     "EXPERIMENT_ID",
+    "FUSE_DIR",
+    "FUSE_KEY",
+    "FUSE_LEFT",
+    "FUSE_MAX",
+    "FUSE_SIZE",
+    "FUSE_TIMEOUT_S",
     "GPUS_PER_JOB",
     "LIGHTNING",
     "OPTUNA_MONITOR",
@@ -70,3 +76,15 @@ OPTUNA_PRUNE_URL = "FURCATE_OPTUNA_PRUNE_URL"
 # trial system attribute set when the job is pruned (by it, or by the sweeper's prune
 # service for it); the sweeper then tells the trial PRUNED
 PRUNED_AT_EPOCH_ATTR = "furcate:pruned_at_epoch"
+
+# hydra.launcher.fuse=auto: the jobs started together for one fused group (absent: the job is
+# not one). Their directory, where the first to reach fit leads; how many were started; the
+# job's key there; the most members a group trains; how long the leader waits for them.
+FUSE_DIR = "FURCATE_FUSE_DIR"
+FUSE_SIZE = "FURCATE_FUSE_SIZE"
+FUSE_KEY = "FURCATE_FUSE_KEY"
+FUSE_MAX = "FURCATE_FUSE_MAX"
+FUSE_TIMEOUT_S = "FURCATE_FUSE_TIMEOUT_S"
+# the file the launcher leaves in a group's directory when a member's job ended (before its
+# fit, it never joins: no leader waits for it), followed by the member's key
+FUSE_LEFT = "left-"

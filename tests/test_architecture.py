@@ -138,7 +138,7 @@ RULES = (
     # fused trials' training: torch in the job's process, nothing of the launcher's side
     Rule(
         "furcate_hydra/fusion",
-        (*SHARED, "furcate_hydra.fusion"),
+        (*SHARED, ENV_VARS, "furcate_hydra.fusion"),
         (*HYDRA, "mlflow", "optuna", "ray", "pytorch_lightning"),
     ),
     # the furcate command: reads stores and sweep dirs, where the sweep's code need not run

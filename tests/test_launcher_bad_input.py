@@ -58,6 +58,12 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
         "2",
     ),
     ({"gpus_per_job": 0}, {}, "hydra.launcher.gpus_per_job", "0"),
+    ({"fuse": "maybe"}, {}, "hydra.launcher.fuse", "'maybe'"),
+    ({"fuse": True}, {}, "hydra.launcher.fuse", "True"),  # YAML's bare on
+    ({"fuse": "auto", "fuse_max": 0}, {}, "hydra.launcher.fuse_max", "0"),
+    ({"fuse": "auto", "fuse_max": 2.5}, {}, "hydra.launcher.fuse_max", "2.5"),
+    ({"fuse": "auto", "backend": "ray"}, {}, "hydra.launcher.fuse", "'auto'"),
+    ({"fuse": "auto", "jobs_per_gpu": "auto"}, {}, "hydra.launcher.fuse", "'auto'"),
     ({"gpus_per_job": -1}, {}, "hydra.launcher.gpus_per_job", "-1"),
     ({"gpus_per_job": "two"}, {}, "hydra.launcher.gpus_per_job", "'two'"),
     ({"gpus_per_job": True}, {}, "hydra.launcher.gpus_per_job", "True"),
@@ -132,6 +138,8 @@ CLI_CASES = [
     # a number option given a word: furcate's message, not Hydra's schema error
     (["hydra.launcher.checkpoint_every_s=soon"], {}, "hydra.launcher.checkpoint_every_s", "'soon'"),
     (["hydra.launcher.gpus_per_job=two"], {}, "hydra.launcher.gpus_per_job", "'two'"),
+    (["hydra.launcher.fuse=maybe"], {}, "hydra.launcher.fuse", "'maybe'"),
+    (["hydra.launcher.fuse=auto", "hydra.launcher.fuse_max=0"], {}, "hydra.launcher.fuse_max", "0"),
     (
         [],  # the tracking store, named by the environment the jobs would inherit
         {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},

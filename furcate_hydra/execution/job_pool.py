@@ -28,6 +28,7 @@ from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.end_policy import EndPolicy, QueueAgain
 from furcate_hydra.execution.executor import EventKind, JobEvent, JobListener
+from furcate_hydra.execution.fused_groups import FusedGroups
 from furcate_hydra.execution.gpu.packing import GpuPacking
 from furcate_hydra.execution.job import Job, JobState
 from furcate_hydra.execution.pool_options import PoolOptions
@@ -76,6 +77,11 @@ class JobPool:
         self._progress_polled = 0.0
         self._broken: str | None = None
         self._closed = False
+        # fuse=auto: queued jobs start in groups, whose fits train as one
+        self._groups = (
+            FusedGroups(options.fuse_max, options.fuse_gather_s) if options.fuse_max > 1 else None
+        )
+        self._submitting = False  # a caller is queueing jobs: a group may wait for more
 
     # -- the Executor contract ---------------------------------------------------------
 
@@ -125,14 +131,20 @@ class JobPool:
         self._transport.wait_ready()
         job.state = JobState.QUEUED
         self._queue.append(job)
-        self._dispatch()
-        # Take in jobs that ended meanwhile, so a caller busy submitting (composing configs)
-        # does not leave their slots idle until it next waits.
-        while self._broken is None and (reports := self._poll(0)):
-            self._handle(reports)
+        self._submitting = True
+        try:
+            self._dispatch()
+            # Take in jobs that ended meanwhile, so a caller busy submitting (composing
+            # configs) does not leave their slots idle until it next waits.
+            while self._broken is None and (reports := self._poll(0)):
+                self._handle(reports)
+        finally:
+            self._submitting = False
 
     def wait_any(self, timeout: float | None = None) -> list[Job]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._groups is not None:
+            self._dispatch()  # the caller submits no more for now: a smaller group may start
         while not self._done and (self._held or self._queue):
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -172,6 +184,8 @@ class JobPool:
         if running and self._broken is None:
             log.warning("Stopping %d running job(s) of the %s", running, self._transport.name)
         self._transport.close()
+        if self._groups is not None:
+            self._groups.close()
 
     # -- conveniences --------------------------------------------------------------------
 
@@ -226,24 +240,51 @@ class JobPool:
             self._dispatch()
 
     def _dispatch(self) -> None:
-        """Place queued jobs, oldest first, while the transport has room."""
+        """Place queued jobs, oldest first, while the transport has room (with ``fuse``: a
+        group at a time, see ``FusedGroups.take``)."""
+        if self._groups is not None:
+            self._dispatch_groups(self._groups)
+            return
         while self._queue and self._broken is None:
             try:
                 if not self._transport.has_room():
                     return
                 job = self._queue.popleft()
-                job.attempts += 1
-                # of an attempt that crashed or was preempted, if this is another
-                job.pid = job.started_at = job.ended_at = None
-                job.paths.output_dir.mkdir(parents=True, exist_ok=True)
-                self._policy.placing(job)
-                self._held[job.key] = job
-                placed = self._transport.place(job)
             except TransportBroken as exc:
                 self._break(exc.reason)
                 return
-            if placed is not None:
-                self._occupy(job, placed)
+            self._place(job)
+
+    def _dispatch_groups(self, groups: FusedGroups) -> None:
+        while self._queue and self._broken is None:
+            group = groups.take(
+                self._queue,
+                self._transport.idle_slots,
+                more_may_come=self._submitting,
+                running=bool(self._held),
+            )
+            if not group:
+                return
+            for job in group:
+                self._place(job)
+
+    def _place(self, job: Job) -> None:
+        if self._broken is not None:  # an earlier job of its group broke the transport
+            self._finish(job, JobState.LOST, error=f"{self._broken}\n{job.paths.see_logs()}")
+            return
+        job.attempts += 1
+        # of an attempt that crashed or was preempted, if this is another
+        job.pid = job.started_at = job.ended_at = None
+        try:
+            job.paths.output_dir.mkdir(parents=True, exist_ok=True)
+            self._policy.placing(job)
+            self._held[job.key] = job
+            placed = self._transport.place(job)
+        except TransportBroken as exc:
+            self._break(exc.reason)
+            return
+        if placed is not None:
+            self._occupy(job, placed)
 
     def _break(self, reason: str) -> None:
         """The machinery died: every job held here is LOST, with the reason; no more submits."""
@@ -283,6 +324,8 @@ class JobPool:
         job = self._held.pop(ended.key, None)
         if job is None:
             return
+        if self._groups is not None:
+            self._groups.ended(job)
         self._started.discard(job.key)
         if ended.ended_at is not None:
             job.ended_at = ended.ended_at

@@ -30,3 +30,7 @@ class PoolOptions:
     job_imports: tuple[str, ...] = ()
     # NVIDIA's MPS daemon for GPUs that run several jobs at once: auto, on or off (``mps``)
     mps: str = "off"
+    # the most jobs started together on slots as one fused group (``fuse_max``); 1: none
+    fuse_max: int = 1
+    # how long a group's leader waits at its fit for the others to reach theirs
+    fuse_gather_s: float = 300.0

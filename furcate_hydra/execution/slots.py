@@ -79,6 +79,8 @@ class SlotPlan:
             holds every slot a GPU may open (``max_jobs_per_gpu``, else what the cores can
             drive). None: all slots open.
         unused: The GPUs no slot has (``gpus_per_job`` does not divide them), in words.
+        seats_per_slot: With ``fuse=auto``, the jobs of a fused group each slot runs at once
+            (``execution.fused_groups.seated``): ``slots`` holds every seat.
     """
 
     slots: tuple[Slot, ...]
@@ -86,6 +88,7 @@ class SlotPlan:
     reason: str = ""
     packing: Mapping[str, GpuStart] | None = None
     unused: str = ""
+    seats_per_slot: int = 1
 
     @property
     def on_cpu(self) -> bool:
@@ -102,11 +105,17 @@ class SlotPlan:
 
     def describe(self) -> str:
         """Summarise the plan in one log line."""
-        n = len(self.slots)
+        text = self._describe_slots()
+        if self.seats_per_slot > 1:
+            text += f"; fused groups of up to {self.seats_per_slot} jobs per slot"
+        return text
+
+    def _describe_slots(self) -> str:
+        n = len(self.slots) // self.seats_per_slot
         if self.on_cpu:
             text = f"{n} CPU slot{_s(n)} (no GPU" + (f": {self.reason})" if self.reason else ")")
         else:
-            counts = self.slots_per_gpu()
+            counts = {d: c // self.seats_per_slot for d, c in self.slots_per_gpu().items()}
             per_gpu = "/".join(str(c) for c in counts.values())
             if len(set(counts.values())) == 1:
                 per_gpu = str(next(iter(counts.values())))
@@ -127,15 +136,16 @@ class SlotPlan:
             text = (
                 f"{n} slot{_s(n)} on GPU{_s(len(counts) * gpus)} {named} ({per_gpu}, from {origin})"
             )
-        pinned = [slot.cpus for slot in self.slots if slot.cpus is not None]
+        slots = self.slots[:: self.seats_per_slot]  # a slot's seats share its cores
+        pinned = [slot.cpus for slot in slots if slot.cpus is not None]
         if pinned:
             k = len(pinned[0])
             text += f", {k} pinned core{_s(k)} each"
             cores = {c for block in pinned for c in block}
             if len(cores) < k * len(pinned):
                 text += f" (cores shared: {n} slots x {k} > {len(cores)} cores)"
-        elif self.slots and self.slots[0].threads is not None:
-            t = self.slots[0].threads
+        elif slots and slots[0].threads is not None:
+            t = slots[0].threads
             text += f", {t} thread{_s(t)} each"
         return text
 

@@ -19,6 +19,7 @@ from furcate_hydra.fusion.fit_call import FitCall
 from furcate_hydra.fusion.fused_fit import MemberTraining, fused_fit
 from furcate_hydra.fusion.grouping import Candidate, form_groups
 from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
+from furcate_hydra.fusion.member_records import MemberLog, MemberRecords
 from furcate_hydra.fusion.member_stopping import MemberStopping
 from furcate_hydra.fusion.rendezvous import Leading
 from furcate_hydra.fusion.signature import FusionSignature
@@ -31,6 +32,7 @@ class Offer:
     call: FitCall
     callbacks: list[Any] = field(default_factory=list)
     lightning_version: str = ""
+    log_every_n_steps: int = 50  # its Trainer's: when its loggers get step values
 
     @property
     def signature(self) -> FusionSignature | None:
@@ -58,6 +60,7 @@ class Trained:
     callback_metrics: dict[str, torch.Tensor]
     group: tuple[str, ...]
     step_mode: str
+    log: MemberLog = field(default_factory=MemberLog)  # what its loggers and history get
 
 
 def lead(
@@ -90,21 +93,23 @@ def _train(
     # each member's module, optimizer and schedulers came in one pickle: the optimizer still
     # holds that module's parameters, the schedulers that optimizer
     members = [_member(offers[key]) for key in group]
-    observer = MemberStopping([offers[key].callbacks for key in group], first.shape)
+    stopping = MemberStopping([offers[key].callbacks for key in group], first.shape)
+    observer = MemberRecords(stopping, [offers[key].log_every_n_steps for key in group])
     outcome = fused_fit(
         members, first.shape, first.train_loader, first.val_loader, observer, device
     )
     ends = {}
     for index, key in enumerate(group):
         offer = offers[key]
-        states = {_state_key(cb): cb.state_dict() for cb in observer.stoppers[index]}
+        states = {_state_key(cb): cb.state_dict() for cb in stopping.stoppers[index]}
         checkpoint = lightning_checkpoint(
             members[index], outcome.progress[index], offer.lightning_version, states
         )
         metrics = {
-            name: value.detach().cpu() for name, value in observer.final.metrics[index].items()
+            name: value.detach().cpu() for name, value in stopping.final.metrics[index].items()
         }
-        ends[key] = Trained(checkpoint, metrics, tuple(group), outcome.step_mode)
+        log = observer.logs[index]
+        ends[key] = Trained(checkpoint, metrics, tuple(group), outcome.step_mode, log)
     return ends
 
 

@@ -6,7 +6,8 @@ they are); its first member to arrive leads: it creates ``leader`` exclusively, 
 Unix socket named after the directory (in Linux's abstract namespace: a sweep dir's path may
 be longer than a socket path can be) and waits until every member has joined or left. A
 member leaves before joining when its job ends without reaching ``fit`` (the launcher writes
-``left-<key>`` for it), so no leader waits for a job that is gone. Each joining member sends
+``left-<key>`` for it), so no leader waits for a job that is gone; one that takes longer than
+the leader waits finds the group ``closed`` and runs alone. Each joining member sends
 what it brings (its payload) and then takes its instructions from the leader over its
 connection.
 """
@@ -14,6 +15,7 @@ connection.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import socket
@@ -23,7 +25,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from furcate_hydra import env_vars
+
 LEADER = "leader"
+CLOSED = "closed"  # the leader gathered its members: a later one runs alone
+log = logging.getLogger(__name__)
 _POLL_S = 0.05
 
 
@@ -52,9 +58,14 @@ class Leading:
     members: list[Joined]
 
     def send(self, key: str, message: Any) -> None:
+        """Send member ``key`` its message; one whose process ended gets nothing (its job's
+        end is the launcher's to record)."""
         for member in self.members:
             if member.key == key and member.connection is not None:
-                _send(member.connection, message)
+                try:
+                    _send(member.connection, message)
+                except OSError:
+                    log.info("furcate: fused member %s ended before its end was sent", key)
 
     def close(self) -> None:
         for member in self.members:
@@ -92,8 +103,9 @@ def _receive(connection: Connection) -> Any:
 
 
 def left(directory: Path, key: str) -> None:
-    """Say that member ``key`` will not join (its job ended before its ``fit``)."""
-    (directory / f"left-{key}").touch()
+    """Say that member ``key`` will not join (its job ended before its ``fit``); the launcher
+    writes it (``execution.fused_groups``), and tests."""
+    (directory / f"{env_vars.FUSE_LEFT}{key}").touch()
 
 
 def join(
@@ -110,19 +122,26 @@ def join(
 
 
 def _lead(directory: Path, key: str, size: int, payload: Any, timeout_s: float) -> Leading:
+    """Gather the members until all joined or left; after ``timeout_s``, go on with those
+    that joined (a late one finds the group closed and runs alone)."""
     members = [Joined(key, payload, None)]
     deadline = time.monotonic() + timeout_s
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(_address(directory))
         server.listen()
         server.settimeout(_POLL_S)
-        while len(members) + _gone(directory) < size:
+        while len(members) + _gone(directory, members) < size:
             if time.monotonic() > deadline:
-                joined = ", ".join(sorted(m.key for m in members))
-                raise RendezvousError(
-                    f"{size - len(members) - _gone(directory)} of {size} members neither joined "
-                    f"nor left in {timeout_s:.0f} s (joined: {joined})"
+                missing = size - len(members) - _gone(directory, members)
+                log.warning(
+                    "furcate: %d of %d members of the fused group did not reach their fit in "
+                    "%.0f s; training the %d that did",
+                    missing,
+                    size,
+                    timeout_s,
+                    len(members),
                 )
+                break
             try:
                 accepted, _ = server.accept()
             except TimeoutError:
@@ -131,16 +150,22 @@ def _lead(directory: Path, key: str, size: int, payload: Any, timeout_s: float) 
             connection = Connection(accepted.detach())
             their_key, their_payload = _receive(connection)
             members.append(Joined(their_key, their_payload, connection))
+        (directory / CLOSED).touch()  # before the socket closes: no one joins after this
     return Leading(members)
 
 
-def _gone(directory: Path) -> int:
-    return sum(1 for _ in directory.glob("left-*"))
+def _gone(directory: Path, joined: list[Joined]) -> int:
+    """Members whose job ended without joining (one that joined and then ended counts once)."""
+    keys = {member.key for member in joined}
+    prefix = env_vars.FUSE_LEFT
+    return sum(1 for path in directory.glob(f"{prefix}*") if path.name[len(prefix) :] not in keys)
 
 
 def _follow(directory: Path, key: str, payload: Any, timeout_s: float) -> Following:
     deadline = time.monotonic() + timeout_s
     while True:
+        if (directory / CLOSED).exists():
+            raise RendezvousError("the group's leader had stopped waiting for members")
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             client.connect(_address(directory))

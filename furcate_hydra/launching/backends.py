@@ -15,6 +15,7 @@ from pathlib import Path
 from furcate_hydra.execution.executor import Executor
 from furcate_hydra.execution.forkserver.client import ConsoleOutput
 from furcate_hydra.execution.forkserver.protocol import WarmContext
+from furcate_hydra.execution.fused_groups import seated
 from furcate_hydra.execution.gpu.groups import rank_threads
 from furcate_hydra.execution.gpu.packing import GIB, GpuPacking
 from furcate_hydra.execution.local_pool import LocalPool
@@ -36,21 +37,7 @@ def plan_for(options: LauncherOptions, cpus: Sequence[int] | None = None) -> Slo
             cluster's nodes cannot reach.
     """
     if options.backend is Backend.LOCAL:
-        plan = plan_slots(options.slots, available_cpus=cpus)
-        if cpus is None or options.slots.cpus_per_job is not None:
-            return plan
-        # an allocation's cores are split between its slots, as its GPUs are: no option to set
-        share = len(cpus) // len(plan.slots)
-        if share < 1:
-            return plan
-        blocks = core_blocks(sorted(cpus), len(plan.slots), share)
-        # a job of several GPUs: its ranks share its cores (gpus_per_job means nothing on CPU)
-        threads = rank_threads(share, len(plan.slots[0].devices) or 1)
-        slots = tuple(
-            replace(slot, cpus=block, threads=threads)
-            for slot, block in zip(plan.slots, blocks, strict=True)
-        )
-        return replace(plan, slots=slots)
+        return seated(_local_plan(options, cpus), options.pool.fuse_max)
     if options.backend is Backend.SLURM:
         raise ValueError("backend=slurm submits allocations; it plans no slots of its own")
     if options.store.enabled:
@@ -60,6 +47,25 @@ def plan_for(options: LauncherOptions, cpus: Sequence[int] | None = None) -> Slo
 
     ray = connect(options.ray, log_to_driver=options.pool.echo_output)
     return plan_ray_slots(options.slots, options.ray, ray)
+
+
+def _local_plan(options: LauncherOptions, cpus: Sequence[int] | None) -> SlotPlan:
+    """This machine's slots; in a Slurm allocation its cores are split between them."""
+    plan = plan_slots(options.slots, available_cpus=cpus)
+    if cpus is None or options.slots.cpus_per_job is not None:
+        return plan
+    # an allocation's cores are split between its slots, as its GPUs are: no option to set
+    share = len(cpus) // len(plan.slots)
+    if share < 1:
+        return plan
+    blocks = core_blocks(sorted(cpus), len(plan.slots), share)
+    # a job of several GPUs: its ranks share its cores (gpus_per_job means nothing on CPU)
+    threads = rank_threads(share, len(plan.slots[0].devices) or 1)
+    slots = tuple(
+        replace(slot, cpus=block, threads=threads)
+        for slot, block in zip(plan.slots, blocks, strict=True)
+    )
+    return replace(plan, slots=slots)
 
 
 def gpu_packing(plan: SlotPlan, options: SlotOptions) -> GpuPacking | None:

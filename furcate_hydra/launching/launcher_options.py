@@ -28,6 +28,8 @@ from furcate_hydra.store import CodeChange, Rerun
 
 __all__ = ["LauncherOptions", "ProgressOptions", "StoreOptions", "TrainingOptions"]
 
+FUSE_AUTO = "auto"
+FUSE_MODES = (FUSE_AUTO, "off")
 # Sampling a job's processes more often than this costs CPU and shows nothing more.
 MIN_TRACE_INTERVAL_S = 0.1
 
@@ -190,8 +192,26 @@ def _check_local_only(options: LauncherOptions) -> None:
             "start nvidia-cuda-mps-control -d on each node yourself (its jobs use it), and set "
             "hydra.launcher.mps=auto or off",
         )
+    if options.pool.fuse_max > 1 and options.backend is not Backend.LOCAL:
+        raise FurcateConfigError(
+            "hydra.launcher.fuse",
+            FUSE_AUTO,
+            f"fused groups start together on this machine's slots (backend=local), not on "
+            f"the nodes of backend={options.backend.value}",
+            "set hydra.launcher.fuse=off for this backend, or run the sweep with "
+            "hydra.launcher.backend=local",
+        )
     if not options.slots.auto:
         return
+    if options.pool.fuse_max > 1:
+        raise FurcateConfigError(
+            "hydra.launcher.fuse",
+            FUSE_AUTO,
+            "with jobs_per_gpu=auto a GPU opens slots as each job's memory allows, and a fused "
+            "group's jobs must start together",
+            "set hydra.launcher.jobs_per_gpu to a number (1 is usual with fusion: one process "
+            "trains the group), or hydra.launcher.fuse=off",
+        )
     if options.backend is not Backend.LOCAL:
         raise FurcateConfigError(
             "hydra.launcher.jobs_per_gpu",
@@ -264,6 +284,7 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
             "module names",
             "hydra.launcher.preload=[torch,pytorch_lightning], or leave it unset",
         )
+    fuse_max = _fuse_max(options)
     return PoolOptions(
         max_retries=max_retries,
         max_preemptions=max_preemptions,
@@ -271,10 +292,34 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         echo_output=bool(options["echo_output"]),
         stop_grace_s=positive_seconds("hydra.launcher.stop_grace_s", options["stop_grace_s"], 5),
         # (the local pool forks none ahead on a shared GPU either: see LocalTransport)
-        fork_ahead=not _flag(options, "fail_fast"),
+        # a fused group starts when seats for all of it are free: none is forked ahead
+        fork_ahead=not _flag(options, "fail_fast") and fuse_max == 1,
         job_imports=server_imports(options["lightning"], preload),
         mps=check_mps_mode(options["mps"]),
+        fuse_max=fuse_max,
     )
+
+
+def _fuse_max(options: Mapping[str, Any]) -> int:
+    """How many jobs start together as one fused group: 1 with ``fuse=off``."""
+    fuse = options["fuse"]
+    if fuse not in FUSE_MODES:
+        raise FurcateConfigError(
+            "hydra.launcher.fuse",
+            fuse,
+            f"must be one of {', '.join(FUSE_MODES)}",
+            "set hydra.launcher.fuse=auto (configs whose models can train together do, in one "
+            "process; the rest run one process each, with the reason) or off",
+        )
+    most = options["fuse_max"]
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise FurcateConfigError(
+            "hydra.launcher.fuse_max",
+            most,
+            "must be a whole number of configs trained together, 1 or more",
+            "set hydra.launcher.fuse_max=32 (or leave it unset), or hydra.launcher.fuse=off",
+        )
+    return most if fuse == FUSE_AUTO else 1
 
 
 def _seconds(mlflow: Mapping[str, Any], key: str, example: float) -> float:

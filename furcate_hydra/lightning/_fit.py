@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.lightning._banners import lightning_banners
+from furcate_hydra.lightning._fused_member import fit_in_group
 from furcate_hydra.lightning._history import scalar_metrics
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import CHECKPOINT_ARTIFACT_DIR, JobTraining
@@ -177,16 +178,25 @@ def fit(
             ],
         )
         resume = training.resume_from(trainer)
+        data = {
+            "model": model,
+            "train_dataloaders": train_dataloaders,
+            "val_dataloaders": val_dataloaders,
+            "datamodule": datamodule,
+        }
         with training.fitting(trainer, namespace):
-            trainer.fit(
-                model,
-                train_dataloaders=train_dataloaders,
-                val_dataloaders=val_dataloaders,
-                datamodule=datamodule,
-                ckpt_path=resume.path if resume else None,
-                # our own files, verified by their sha256; they hold the RNG states too
-                weights_only=False,
+            fused = fit_in_group(
+                type(trainer).fit, trainer, training.history, data, resume is not None
             )
+            if fused is not None:
+                training.checkpoint.save(trainer)  # its end, as its run's last checkpoint
+            else:
+                trainer.fit(
+                    **data,
+                    ckpt_path=resume.path if resume else None,
+                    # our own files, verified by their sha256; they hold the RNG states too
+                    weights_only=False,
+                )
     finished = training.finish(trainer)
     resumed_at = resume.at if resume else None
     return FitResult(

@@ -1,4 +1,10 @@
-"""A member of a fused group ends its ``fit`` as its own run would have.
+"""A member of a fused group: its ``fit`` brought to the group, and ended as its own run's.
+
+    join_group ──► an Offer (what its fit trains, or why it cannot be fused) ──► rendezvous
+      leads: lead (group, train, send each member its end) ─┐
+      follows: its end from the leader ─────────────────────┴► Alone(reason) or Trained
+    Trained ──► finish_trained (its own fit restores its end) ──► log_member (its loggers'
+                calls, its history rows, in its run's order)
 
 The group's leader trained it and sent its end (``fusion.coordinator.Trained``): its own
 Lightning checkpoint and its final callback metrics. The member's own ``Trainer.fit`` then
@@ -10,15 +16,25 @@ nothing left to train and returns; the Trainer then holds what the app reads aft
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from furcate_hydra.fusion.coordinator import Trained
+from furcate_hydra import env_vars
+from furcate_hydra.fusion.coordinator import Alone, Offer, Trained, lead
+from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
+from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
+from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join
+from furcate_hydra.lightning._history import MetricsHistory
+
+log = logging.getLogger("furcate_hydra.lightning")
 
 
 def finish_trained(
@@ -49,3 +65,124 @@ def finish_trained(
     # Lightning keeps no metrics in a checkpoint: what the member's run ended with, by the
     # names its callback_metrics would hold them
     trainer._logger_connector._callback_metrics.update(end.callback_metrics)
+
+
+@dataclass(frozen=True)
+class GroupEnv:
+    """The fused group the launcher started this job in (``hydra.launcher.fuse=auto``)."""
+
+    directory: Path
+    size: int
+    key: str
+    fuse_max: int
+    gather_s: float
+
+    @classmethod
+    def from_environ(cls) -> GroupEnv | None:
+        """None: the job is in no group (fusion off, or it started alone)."""
+        directory = os.environ.get(env_vars.FUSE_DIR)
+        if not directory:
+            return None
+        return cls(
+            Path(directory),
+            int(os.environ[env_vars.FUSE_SIZE]),
+            os.environ[env_vars.FUSE_KEY],
+            int(os.environ[env_vars.FUSE_MAX]),
+            float(os.environ[env_vars.FUSE_TIMEOUT_S]),
+        )
+
+
+def join_group(
+    group: GroupEnv, trainer: Any, arguments: dict[str, Any], refusal: str | None
+) -> Alone | Trained:
+    """Bring this member's ``fit`` to its group (``arguments``: fit's, by name) and return
+    its end: trained by the group's leader (this process, or another), or told to run alone.
+    ``refusal``: a reason this member cannot be fused that only the job knows (it resumes)."""
+    offer = _offer(trainer, arguments, refusal)
+    try:
+        joined = join(group.directory, group.key, group.size, offer, group.gather_s)
+        if isinstance(joined, Following):
+            end = joined.receive()
+            joined.connection.close()
+            return end  # type: ignore[no-any-return]
+        try:
+            device = trainer.strategy.root_device if offer.call.fusable else None
+            ends = lead(joined, group.fuse_max, device)
+        finally:
+            joined.close()
+    except RendezvousError as exc:
+        # the member still trains, as its own run: only the speed of fusion is lost
+        return Alone(f"its group did not form ({exc})")
+    return ends[group.key]
+
+
+def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offer:
+    if refusal is not None:
+        call = FitCall(reasons=[refusal])
+    else:
+        try:
+            call = read_fit_call(
+                trainer,
+                arguments.get("model"),
+                arguments.get("train_dataloaders"),
+                arguments.get("val_dataloaders"),
+                arguments.get("datamodule"),
+            )
+        except Exception as exc:  # its own fit, run alone, raises it where the app expects
+            call = FitCall(reasons=[f"reading its fit raised {type(exc).__name__}: {exc}"])
+    version = str(
+        getattr(sys.modules.get(type(trainer).__module__.split(".")[0]), "__version__", "")
+    )
+    return Offer(
+        call,
+        early_stopping_callbacks(trainer.callbacks),
+        version,
+        int(trainer.log_every_n_steps),
+    )
+
+
+def log_member(trainer: Any, history: MetricsHistory, end: Trained) -> None:
+    """What its own run would have logged: every logger call in order, its history rows."""
+    for step, metrics in end.log.logged:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step)
+    for logger in trainer.loggers:
+        logger.save()
+    for record in end.log.epochs:
+        history.add_row(
+            record.epoch,
+            record.step,
+            record.metrics,
+            record.validated,
+            record.validation_names,
+        )
+
+
+def fit_in_group(
+    fit: Callable[..., Any],
+    trainer: Any,
+    history: MetricsHistory,
+    arguments: dict[str, Any],
+    resumes: bool,
+) -> Trained | None:
+    """In a job of a fused group: bring ``trainer.fit``'s ``arguments`` to it and, when the
+    group trained this member, end the fit as its own run (``fit``: Lightning's, unwrapped)
+    and log what its run would have. None: not fused (why is logged), the caller fits."""
+    group = GroupEnv.from_environ()
+    if group is None:
+        return None
+    end = join_group(
+        group, trainer, arguments, "it resumes from its checkpoint" if resumes else None
+    )
+    if isinstance(end, Alone):
+        log.info("furcate: not fused: %s", end.reason)
+        return None
+    log.info(
+        "furcate: fused: trained with %d member(s) in one process (%s steps)",
+        len(end.group),
+        end.step_mode,
+    )
+    rest = {k: v for k, v in arguments.items() if k not in ("self", "model", "ckpt_path")}
+    finish_trained(fit, trainer, arguments["model"], end, **rest)
+    log_member(trainer, history, end)
+    return end

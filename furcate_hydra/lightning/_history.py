@@ -90,15 +90,27 @@ class MetricsHistory(CheckpointBase):
         if trainer.sanity_checking:
             return
         metrics = scalar_metrics(trainer.callback_metrics)
-        if not self._validated:
+        self.add_row(trainer.current_epoch, trainer.global_step, metrics, self._validated)
+        if trainer.is_global_zero:
+            self.write()
+
+    def add_row(
+        self,
+        epoch: int,
+        step: int,
+        metrics: Mapping[str, float],
+        validated: bool,
+        validation_names: tuple[str, ...] = (),
+    ) -> None:
+        """The row of ``epoch``, from the callback metrics at its end (a fused member's come
+        from its group's leader, with the names its validation logged)."""
+        self._val_keys.update(validation_names)
+        if not validated:
             metrics = {k: v for k, v in metrics.items() if k not in self._val_keys}
-        epoch = trainer.current_epoch
-        row: Row = {"epoch": epoch, "step": trainer.global_step}
+        row: Row = {"epoch": epoch, "step": step}
         row.update((k, v) for k, v in metrics.items() if k not in row and not _is_copy(k, metrics))
         # a rerun of an epoch (resume from an older checkpoint) replaces what came after it
         self.rows = [r for r in self.rows if r["epoch"] < epoch] + [row]
-        if trainer.is_global_zero:
-            self.write()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # a resumed run with no epochs left still gets its restored history on disk

@@ -143,6 +143,15 @@ class FurcateLauncherConf:
     # ... and after this many seconds: a lost machine costs a job at most this much training,
     # for ~0.7% of the training time of a 100 MB model with Adam (BENCHMARKS.md); null: off
     checkpoint_every_s: Optional[Any] = 300
+    # fused trials: auto trains the configs whose models can train together (same module
+    # class and shapes, same data and Trainer settings; hyperparameters may differ) as one
+    # vmapped model in one process, each still its own run; the rest run one process each,
+    # and the sweep says why in one line. off: one process per config (typed Any: YAML
+    # reads a bare off as a boolean, which gets furcate's message)
+    fuse: Any = "off"
+    # the most configs trained together in one process (each slot runs groups of up to this
+    # many jobs; a whole number, 1 or more)
+    fuse_max: Any = 32
     # modules the warm fork server imports besides what the launcher's process has loaded
     # (the task's module and its imports: the server is a fork of it); unset: nothing more
     preload: Optional[List[str]] = None

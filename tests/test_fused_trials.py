@@ -1,0 +1,146 @@
+"""Fused trials through the real Hydra CLI: an app with its own Trainer (``apps/fused_app.py``),
+swept with ``hydra.launcher.fuse=auto``, trains the configs that can share a process as one,
+and each config still ends as its own run would: the same weights, history, metrics and
+return value as the same sweep with ``fuse=off`` (one process per config), in its own run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from mlflow.tracking import MlflowClient
+
+from furcate_hydra.layout import JobPaths
+from furcate_hydra.store import Tags
+from tests.conftest import APPS, run_cli
+from tests.store_helpers import job_runs
+
+APP = APPS / "fused_app.py"
+FURCATE = "hydra/launcher=furcate"
+
+
+def sweep(work: Path, name: str, *overrides: str) -> tuple[Path, str]:
+    """The app's sweep into ``work/name`` (one slot: every job of it on one slot's seats), its
+    dir and its output."""
+    result = run_cli(
+        APP,
+        "-m",
+        FURCATE,
+        "hydra.launcher.max_workers=1",
+        f"hydra.sweep.dir={work / name}",
+        *overrides,
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return work / name, result.stdout + result.stderr
+
+
+def job_log(job_dir: Path) -> str:
+    return "".join((job_dir / name).read_text() for name in ("stdout.log", "stderr.log"))
+
+
+def by_overrides(store: str) -> dict[tuple[str | None, ...], Any]:
+    """The jobs' runs by their config (lr, weight_decay, batch_size, module)."""
+    runs: dict[tuple[str | None, ...], Any] = {}
+    for run in job_runs(store):
+        p = run.data.params
+        runs[(p["lr"], p["weight_decay"], p.get("batch_size"), p.get("module"))] = run
+    return runs
+
+
+def histories(store: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    client = MlflowClient(store)
+    keys = client.get_run(run_id).data.metrics
+    return {
+        key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in keys
+    }
+
+
+def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "early_stop=true", "epochs=8"]
+    work = tmp_path
+    fused_dir, said = sweep(work, "fused", "hydra.launcher.fuse=auto", *grid)
+    # the same grid, one process per config, into a store of its own
+    alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
+    shutil.copyfile(tmp_path / "mlflow.db", tmp_path / "alone.db")
+    result = run_cli(
+        APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={work / 'alone'}",
+        *grid, cwd=work, env={**os.environ, "MLFLOW_TRACKING_URI": alone_store},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    fused_runs, alone_runs = by_overrides(mlflow_store), by_overrides(alone_store)
+    assert len(fused_runs) == 4 and fused_runs.keys() == alone_runs.keys()
+    stopped_at = set()
+    for config, run in fused_runs.items():
+        alone = alone_runs[config]
+        assert run.info.status == "FINISHED", config
+        job_dir = Path(run.data.tags[Tags.OUTPUT_DIR])
+        alone_dir = Path(alone.data.tags[Tags.OUTPUT_DIR])
+        assert job_dir.parent == fused_dir
+        assert "furcate: fused: trained with 4 member(s) in one process" in job_log(job_dir)
+        mine = torch.load(job_dir / "weights.pt")
+        theirs = torch.load(alone_dir / "weights.pt")
+        for name, tensor in theirs.items():  # bitwise, no tolerance
+            assert torch.equal(mine[name], tensor), (config, name)
+        history = json.loads((job_dir / JobPaths.HISTORY).read_text())
+        alone_history = json.loads((alone_dir / JobPaths.HISTORY).read_text())
+        assert [(r["epoch"], r["step"]) for r in history] == [
+            (r["epoch"], r["step"]) for r in alone_history
+        ]
+        stopped_at.add(len(history))
+        for row, alone_row in zip(history, alone_history, strict=True):
+            assert row.keys() == alone_row.keys()
+            for key, value in alone_row.items():
+                assert math.isclose(row[key], value, rel_tol=1e-6), (config, key)
+        # every metric its loggers got, at the steps Lightning logs them
+        got, want = (
+            histories(mlflow_store, run.info.run_id),
+            histories(alone_store, alone.info.run_id),
+        )
+        assert got.keys() == want.keys()
+        for key, points in want.items():
+            assert [s for s, _ in got[key]] == [s for s, _ in points], key
+            for (_, a), (_, b) in zip(got[key], points, strict=True):
+                assert math.isclose(a, b, rel_tol=1e-6), key
+        assert math.isclose(
+            float(run.data.metrics["val_loss"]), float(alone.data.metrics["val_loss"]), rel_tol=1e-6
+        )
+        assert (job_dir / "final.ckpt").is_file() and list((job_dir / "plots").glob("*.png"))
+        artifacts = {a.path for a in MlflowClient(mlflow_store).list_artifacts(run.info.run_id)}
+        assert {"history.json", "checkpoints", "plots"} <= artifacts
+    assert "4 finished" in said
+    # the same command again: every config is recorded, none trains
+    _, again = sweep(work, "again", "hydra.launcher.fuse=auto", *grid)
+    assert "4 skipped" in again, again
+
+
+def test_what_cannot_share_a_group_splits_or_runs_alone_and_says_why(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    sweep_dir, _ = sweep(
+        tmp_path,
+        "sweep",
+        "hydra.launcher.fuse=auto",
+        "module=mlp,metric",
+        "batch_size=16,32",
+        "lr=0.01,0.05",
+        "epochs=2",
+    )
+    runs = by_overrides(mlflow_store)
+    assert len(runs) == 8
+    for (lr, _, batch_size, model), run in runs.items():
+        assert run.info.status == "FINISHED"
+        said = job_log(Path(run.data.tags[Tags.OUTPUT_DIR]))
+        if model == "metric":
+            assert "furcate: not fused: MulticlassAccuracy updated inside training_step" in said
+            assert "fused: trained with" not in said
+        else:  # a group per batch size: the two learning rates of each
+            assert "furcate: fused: trained with 2 member(s)" in said, (lr, batch_size)
+    assert sweep_dir.is_dir()
