@@ -9,15 +9,19 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from mlflow.tracking import MlflowClient
 
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
+from tests.process_helpers import still_alive, wait_for
 from tests.store_helpers import job_runs
 
 APP = APPS / "fused_app.py"
@@ -62,14 +66,14 @@ def histories(store: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
-    tmp_path: Path, mlflow_store: str
+    tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
 ) -> None:
     grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "early_stop=true", "epochs=8"]
     work = tmp_path
     fused_dir, said = sweep(work, "fused", "hydra.launcher.fuse=auto", *grid)
     # the same grid, one process per config, into a store of its own
     alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
-    shutil.copyfile(tmp_path / "mlflow.db", tmp_path / "alone.db")
+    shutil.copyfile(empty_mlflow_db, tmp_path / "alone.db")
     result = run_cli(
         APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={work / 'alone'}",
         *grid, cwd=work, env={**os.environ, "MLFLOW_TRACKING_URI": alone_store},
@@ -77,6 +81,9 @@ def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
     assert result.returncode == 0, result.stderr
     fused_runs, alone_runs = by_overrides(mlflow_store), by_overrides(alone_store)
     assert len(fused_runs) == 4 and fused_runs.keys() == alone_runs.keys()
+    assert not {r.info.run_id for r in fused_runs.values()} & {
+        r.info.run_id for r in alone_runs.values()
+    }
     stopped_at = set()
     for config, run in fused_runs.items():
         alone = alone_runs[config]
@@ -144,3 +151,60 @@ def test_what_cannot_share_a_group_splits_or_runs_alone_and_says_why(
         else:  # a group per batch size: the two learning rates of each
             assert "furcate: fused: trained with 2 member(s)" in said, (lr, batch_size)
     assert sweep_dir.is_dir()
+
+
+def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never_stopped(
+    tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
+) -> None:
+    grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "epochs=4", "sample_sleep=0.04"]
+    work = tmp_path
+    command = [
+        sys.executable, str(APP), "-m", FURCATE, "hydra.launcher.max_workers=1",
+        "hydra.launcher.fuse=auto", f"hydra.sweep.dir={work / 'first'}", *grid,
+    ]  # fmt: skip
+    first = subprocess.Popen(
+        command, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for(lambda: all(epochs_kept(work / "first" / str(j)) >= 2 for j in range(4)), first,
+             "two epochs of every member kept")  # fmt: skip
+    jobs = [child.pid for child in psutil.Process(first.pid).children(recursive=True)]
+    first.kill()  # the launcher alone, as the OOM killer would
+    first.wait(timeout=60)
+    assert still_alive(jobs, timeout=30) == []
+    assert all(epochs_kept(work / "first" / str(j)) < 4 for j in range(4))  # mid-training
+
+    _, said = sweep(work, "second", "hydra.launcher.fuse=auto", *grid)
+    assert "4 finished" in said
+    alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
+    shutil.copyfile(empty_mlflow_db, tmp_path / "alone.db")
+    result = run_cli(
+        APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={work / 'alone'}",
+        *grid[:-1], cwd=work, env={**os.environ, "MLFLOW_TRACKING_URI": alone_store},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    resumed, alone = by_overrides(mlflow_store), by_overrides(alone_store)
+    assert len(resumed) == 4
+    for config, run in resumed.items():
+        assert run.info.status == "FINISHED" and run.data.tags[Tags.RESUMED] == "1", config
+        job_dir = Path(run.data.tags[Tags.OUTPUT_DIR])
+        assert job_dir.parent == work / "second"
+        assert "furcate: not fused: it resumes from its checkpoint" in job_log(job_dir)
+        alone_dir = Path(alone[config].data.tags[Tags.OUTPUT_DIR])
+        mine, theirs = torch.load(job_dir / "weights.pt"), torch.load(alone_dir / "weights.pt")
+        for name, tensor in theirs.items():
+            assert torch.equal(mine[name], tensor), (config, name)
+        # the epochs its group trained before the kill are in its run, and the rest after it
+        got = histories(mlflow_store, run.info.run_id)["val_loss"]
+        want = histories(alone_store, alone[config].info.run_id)["val_loss"]
+        assert [s for s, _ in got] == [s for s, _ in want]
+        history = json.loads((job_dir / JobPaths.HISTORY).read_text())
+        assert [row["epoch"] for row in history] == [0, 1, 2, 3]
+
+
+def epochs_kept(job_dir: Path) -> int:
+    """Epochs done by the newest checkpoint furcate kept for the job (0: none yet)."""
+    pointer = job_dir / JobPaths.CHECKPOINTS / "last.json"
+    if not pointer.exists():
+        return 0
+    return int(json.loads(pointer.read_text())["epoch"]) + 1

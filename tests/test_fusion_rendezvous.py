@@ -132,7 +132,7 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
     """A member process as a job's fit will be: read its fit, join, train or be trained."""
     import lightning as L
 
-    from furcate_hydra.fusion.coordinator import Offer, Trained, lead
+    from furcate_hydra.fusion.coordinator import EpochEnd, Offer, Trained, lead
     from furcate_hydra.fusion.fit_call import read_fit_call
     from tests.test_fusion_engine import CONFIGS, QUIET, WithMetric, _loaders, _member
 
@@ -141,11 +141,16 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
     trainer = L.Trainer(**QUIET, max_epochs=3)
     offer = Offer(read_fit_call(trainer, module, train, val), [], L.__version__)
     role = join(directory, f"job{index}", size, offer, timeout_s=60)
+    epochs = []  # each epoch's end as it comes, before the member's end
     if isinstance(role, Leading):
-        end = lead(role, fuse_max=8)[role.members[0].key]
+        end = lead(role, fuse_max=8, own_epoch=epochs.append)[role.members[0].key]
     else:
-        end = role.receive(timeout_s=120)
+        while isinstance(end := role.receive(timeout_s=120), EpochEnd):
+            epochs.append(end)
     if isinstance(end, Trained):
+        assert [e.checkpoint["epoch"] for e in epochs] == [1, 2, 3]
+        assert [r.epoch for e in epochs for r in e.log.epochs] == [0, 1, 2]
+        assert not end.log.epochs  # every epoch was told as it ended
         module.load_state_dict(end.checkpoint["state_dict"])
         weights = {k: v.tolist() for k, v in module.state_dict().items()}
         results.put((index, "trained", weights, end.group, sorted(end.callback_metrics)))

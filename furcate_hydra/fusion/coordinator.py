@@ -10,6 +10,7 @@ launcher, so the class is importable wherever it arrives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from furcate_hydra.fusion.fit_call import FitCall
 from furcate_hydra.fusion.fused_fit import MemberTraining, fused_fit
 from furcate_hydra.fusion.grouping import Candidate, form_groups
 from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
+from furcate_hydra.fusion.member_progress import MemberProgress
 from furcate_hydra.fusion.member_records import MemberLog, MemberRecords
 from furcate_hydra.fusion.member_stopping import MemberStopping
 from furcate_hydra.fusion.rendezvous import Leading
@@ -53,6 +55,15 @@ class Alone:
 
 
 @dataclass(frozen=True)
+class EpochEnd:
+    """One of your epochs ended: your checkpoint at its end (as your run's epoch-end one),
+    and what your loggers and history got since the last (more comes: go on listening)."""
+
+    checkpoint: dict[str, Any]
+    log: MemberLog
+
+
+@dataclass(frozen=True)
 class Trained:
     """Your end, as your own run would have ended: load it and go on after ``fit``."""
 
@@ -64,10 +75,14 @@ class Trained:
 
 
 def lead(
-    leading: Leading, fuse_max: int, device: torch.device | None = None
+    leading: Leading,
+    fuse_max: int,
+    device: torch.device | None = None,
+    own_epoch: Callable[[EpochEnd], None] | None = None,
 ) -> dict[str, Alone | Trained]:
-    """Form the groups, train them, send every other member its end; every end, by key (the
-    leader's own among them, under ``leading.members[0].key``)."""
+    """Form the groups, train them, send every other member its epochs' ends as they come and
+    its end; every end, by key (the leader's own among them, under ``leading.members[0].key``;
+    its epochs' ends go to ``own_epoch``)."""
     offers: dict[str, Offer] = {m.key: m.payload for m in leading.members}
     candidates = [
         Candidate(key, offer.signature, tuple(offer.call.reasons)) for key, offer in offers.items()
@@ -78,15 +93,26 @@ def lead(
     }
     for key, end in ends.items():
         leading.send(key, end)  # the leader's own goes nowhere: it has no line
+
+    def tell(key: str, message: EpochEnd) -> None:
+        if key == leading.members[0].key:
+            if own_epoch is not None:
+                own_epoch(message)
+        else:
+            leading.send(key, message)
+
     for group in grouping.groups:
-        for key, end in _train(group, offers, device).items():
+        for key, end in _train(group, offers, device, tell).items():
             ends[key] = end
             leading.send(key, end)
     return ends
 
 
 def _train(
-    group: list[str], offers: dict[str, Offer], device: torch.device | None
+    group: list[str],
+    offers: dict[str, Offer],
+    device: torch.device | None,
+    tell: Callable[[str, EpochEnd], None],
 ) -> dict[str, Trained]:
     first = offers[group[0]].call
     assert first.shape is not None
@@ -95,21 +121,44 @@ def _train(
     members = [_member(offers[key]) for key in group]
     stopping = MemberStopping([offers[key].callbacks for key in group], first.shape)
     observer = MemberRecords(stopping, [offers[key].log_every_n_steps for key in group])
+    sent = [MemberLog() for _ in group]  # how much of each member's log it has had
+
+    def checkpoint(index: int, progress: MemberProgress) -> dict[str, Any]:
+        states = {_state_key(cb): cb.state_dict() for cb in stopping.stoppers[index]}
+        version = offers[group[index]].lightning_version
+        return lightning_checkpoint(members[index], progress, version, states)
+
+    def unsent(index: int) -> MemberLog:
+        log, done = observer.logs[index], sent[index]
+        new = MemberLog(log.logged[len(done.logged) :], log.epochs[len(done.epochs) :])
+        sent[index] = MemberLog(list(log.logged), list(log.epochs))
+        return new
+
+    def epoch_done(trained: torch.Tensor, progress: list[MemberProgress]) -> None:
+        for index in torch.nonzero(trained).flatten().tolist():
+            tell(group[index], EpochEnd(checkpoint(index, progress[index]), unsent(index)))
+
     outcome = fused_fit(
-        members, first.shape, first.train_loader, first.val_loader, observer, device
+        members,
+        first.shape,
+        first.train_loader,
+        first.val_loader,
+        observer,
+        device,
+        on_epoch=epoch_done,
     )
     ends = {}
     for index, key in enumerate(group):
-        offer = offers[key]
-        states = {_state_key(cb): cb.state_dict() for cb in stopping.stoppers[index]}
-        checkpoint = lightning_checkpoint(
-            members[index], outcome.progress[index], offer.lightning_version, states
-        )
         metrics = {
             name: value.detach().cpu() for name, value in stopping.final.metrics[index].items()
         }
-        log = observer.logs[index]
-        ends[key] = Trained(checkpoint, metrics, tuple(group), outcome.step_mode, log)
+        ends[key] = Trained(
+            checkpoint(index, outcome.progress[index]),
+            metrics,
+            tuple(group),
+            outcome.step_mode,
+            unsent(index),
+        )
     return ends
 
 

@@ -10,7 +10,7 @@ after it. What each member logged goes to the ``FusionObserver``, which may stop
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -94,12 +94,15 @@ def fused_fit(
     device: torch.device | None = None,
     start: Sequence[MemberProgress] | None = None,
     step_mode: str = "auto",
+    on_epoch: Callable[[torch.Tensor, list[MemberProgress]], None] | None = None,
 ) -> FusedOutcome:
     """Train every member on the same batches; their modules hold the trained weights after,
     their optimizers their state. ``start``: where the members resume (the same epoch and
     step for all), their modules, optimizers and schedulers restored from their checkpoints.
     ``step_mode``: ``vmap``, ``loop`` (see ``vmapped_step``), or ``auto``: the faster of the
-    two on the first batch."""
+    two on the first batch. ``on_epoch(trained, progress)``: after each epoch, with the
+    members that trained in it (bool ``[N]``) and where each is, their modules, optimizers
+    and schedulers at its end."""
     device = device or torch.device("cpu")
     stack = MemberStack([m.module for m in members], device)
     if stack.scalar_refusals:
@@ -177,6 +180,11 @@ def fused_fit(
             members, active, progress, "epoch", epoch + 1, plateau=True, metrics=means.latest
         )
         epoch += 1
+        if on_epoch is not None:  # the members' own objects hold the epoch's end now
+            for i in _members(training):
+                stack.load_into(i, members[i].module)
+            optimizer.sync_to_members()
+            on_epoch(training, progress)
         if not bool(active.any()):
             break
     for i, member in enumerate(members):

@@ -23,6 +23,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.lightning._exact_resume import ExactResume, batches_done
 from furcate_hydra.lightning._namespace import CheckpointBase
@@ -186,6 +188,20 @@ class AtomicCheckpoint(CheckpointBase):
         self._last_step, self._last_time = step, time.monotonic()
         if not trainer.is_global_zero:
             return final
+        return self._keep(tmp, final, epoch, step, batch)
+
+    def save_state(self, checkpoint: dict[str, Any], epoch: int, step: int) -> Path:
+        """Keep ``checkpoint`` (a Lightning checkpoint made elsewhere: a fused member's, by
+        its group's leader) as the checkpoint at the end of ``epoch``, as ``save`` would."""
+        name = f"epoch={epoch:04d}.ckpt"
+        final, tmp = self.dirpath / name, self.dirpath / f".{name}.tmp"
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        torch.save(checkpoint, tmp)
+        return self._keep(tmp, final, epoch, step, None)
+
+    def _keep(self, tmp: Path, final: Path, epoch: int, step: int, batch: int | None) -> Path:
+        """Move a written checkpoint into place and put it first in ``last.json``."""
+        name = final.name
         digest = sha256_of(tmp, fsync=True)
         os.replace(tmp, final)
         fsync_dir(self.dirpath)

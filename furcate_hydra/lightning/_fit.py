@@ -185,9 +185,7 @@ def fit(
             "datamodule": datamodule,
         }
         with training.fitting(trainer, namespace):
-            fused = fit_in_group(
-                type(trainer).fit, trainer, training.history, data, resume is not None
-            )
+            fused = fit_in_group(type(trainer).fit, trainer, training, data, resume is not None)
             if fused is not None:
                 training.checkpoint.save(trainer)  # its end, as its run's last checkpoint
             else:

@@ -28,11 +28,13 @@ from typing import Any
 import torch
 
 from furcate_hydra import env_vars
-from furcate_hydra.fusion.coordinator import Alone, Offer, Trained, lead
+from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, Trained, lead
 from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
+from furcate_hydra.fusion.member_records import MemberLog
 from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
 from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join
 from furcate_hydra.lightning._history import MetricsHistory
+from furcate_hydra.lightning._job_training import JobTraining
 
 log = logging.getLogger("furcate_hydra.lightning")
 
@@ -93,21 +95,27 @@ class GroupEnv:
 
 
 def join_group(
-    group: GroupEnv, trainer: Any, arguments: dict[str, Any], refusal: str | None
+    group: GroupEnv,
+    trainer: Any,
+    arguments: dict[str, Any],
+    refusal: str | None,
+    on_epoch: Callable[[EpochEnd], None],
 ) -> Alone | Trained:
     """Bring this member's ``fit`` to its group (``arguments``: fit's, by name) and return
     its end: trained by the group's leader (this process, or another), or told to run alone.
-    ``refusal``: a reason this member cannot be fused that only the job knows (it resumes)."""
+    ``refusal``: a reason this member cannot be fused that only the job knows (it resumes).
+    ``on_epoch``: each of its epochs' ends while the group trains."""
     offer = _offer(trainer, arguments, refusal)
     try:
         joined = join(group.directory, group.key, group.size, offer, group.gather_s)
         if isinstance(joined, Following):
-            end = joined.receive()
+            while isinstance(message := joined.receive(), EpochEnd):
+                on_epoch(message)
             joined.connection.close()
-            return end  # type: ignore[no-any-return]
+            return message  # type: ignore[no-any-return]
         try:
             device = trainer.strategy.root_device if offer.call.fusable else None
-            ends = lead(joined, group.fuse_max, device)
+            ends = lead(joined, group.fuse_max, device, on_epoch)
         finally:
             joined.close()
     except RendezvousError as exc:
@@ -141,14 +149,14 @@ def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offe
     )
 
 
-def log_member(trainer: Any, history: MetricsHistory, end: Trained) -> None:
+def log_member(trainer: Any, history: MetricsHistory, log: MemberLog) -> None:
     """What its own run would have logged: every logger call in order, its history rows."""
-    for step, metrics in end.log.logged:
+    for step, metrics in log.logged:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step)
     for logger in trainer.loggers:
         logger.save()
-    for record in end.log.epochs:
+    for record in log.epochs:
         history.add_row(
             record.epoch,
             record.step,
@@ -158,10 +166,26 @@ def log_member(trainer: Any, history: MetricsHistory, end: Trained) -> None:
         )
 
 
+def keep_epoch(trainer: Any, training: JobTraining, end: EpochEnd) -> None:
+    """One of the member's epochs ended in its group: log it and keep its checkpoint, as the
+    run's epoch-end one (a job stopped after it resumes from there)."""
+    log_member(trainer, training.history, end.log)
+    if trainer.is_global_zero and training.history.rows:
+        training.history.write()
+    checkpoint = dict(end.checkpoint)
+    # the history rows travel in it, as in every checkpoint of furcate's
+    checkpoint["callbacks"] = {
+        **checkpoint.get("callbacks", {}),
+        training.history.state_key: training.history.state_dict(),
+    }
+    epochs_done = int(checkpoint["epoch"])
+    training.checkpoint.save_state(checkpoint, epochs_done - 1, int(checkpoint["global_step"]))
+
+
 def fit_in_group(
     fit: Callable[..., Any],
     trainer: Any,
-    history: MetricsHistory,
+    training: JobTraining,
     arguments: dict[str, Any],
     resumes: bool,
 ) -> Trained | None:
@@ -171,8 +195,9 @@ def fit_in_group(
     group = GroupEnv.from_environ()
     if group is None:
         return None
+    refusal = "it resumes from its checkpoint" if resumes else None
     end = join_group(
-        group, trainer, arguments, "it resumes from its checkpoint" if resumes else None
+        group, trainer, arguments, refusal, lambda epoch: keep_epoch(trainer, training, epoch)
     )
     if isinstance(end, Alone):
         log.info("furcate: not fused: %s", end.reason)
@@ -184,5 +209,5 @@ def fit_in_group(
     )
     rest = {k: v for k, v in arguments.items() if k not in ("self", "model", "ckpt_path")}
     finish_trained(fit, trainer, arguments["model"], end, **rest)
-    log_member(trainer, history, end)
+    log_member(trainer, training.history, end.log)
     return end

@@ -125,7 +125,7 @@ def _trainer_fit(original: Callable[..., None], trainer: Any, *args: Any, **kwar
                 arguments["weights_only"] = False
     with training.fitting(trainer, namespace):
         fused = fit_in_group(
-            original, trainer, training.history, arguments, resume is not None or bool(chosen)
+            original, trainer, training, arguments, resume is not None or bool(chosen)
         )
     if fused is not None:
         _say_once(trainer, namespace, training, f"training in a fused group of {len(fused.group)}")

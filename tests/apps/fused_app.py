@@ -2,12 +2,13 @@
 write theirs (``import lightning as L``, ``trainer.fit``, code after it), nothing for furcate.
 
 ``module=metric`` updates a torchmetrics metric inside ``training_step`` (a reason not to fuse);
-``early_stop=true`` adds an EarlyStopping callback. The task returns the validation loss and
+``early_stop=true`` adds an EarlyStopping callback; ``sample_sleep`` slows each training sample. The task returns the validation loss and
 the trained weights' sum, and saves the weights beside the job (``weights.pt``).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,23 @@ class WithMetric(TinyMLP):
         return loss
 
 
-def loaders(batch_size: int) -> tuple[DataLoader[Any], DataLoader[Any]]:
+class SlowData(TensorDataset):
+    """Fixed samples, each read taking ``sleep`` seconds (a test stops a sweep mid-training)."""
+
+    def __init__(self, sleep: float, *tensors: torch.Tensor) -> None:
+        super().__init__(*tensors)
+        self.sleep = sleep
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        time.sleep(self.sleep)
+        return super().__getitem__(index)
+
+
+def loaders(batch_size: int, sleep: float) -> tuple[DataLoader[Any], DataLoader[Any]]:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(96, 8, generator=generator)
     y = torch.randint(0, 3, (96,), generator=generator)
-    train = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=batch_size)
+    train = DataLoader(SlowData(sleep, x[:64], y[:64]), batch_size=batch_size)
     return train, DataLoader(TensorDataset(x[64:], y[64:]), batch_size=16)
 
 
@@ -86,7 +99,7 @@ def main(cfg: DictConfig) -> Any:
         log_every_n_steps=2,
         callbacks=callbacks,
     )
-    train, val = loaders(int(cfg.batch_size))
+    train, val = loaders(int(cfg.batch_size), float(cfg.sample_sleep))
     trainer.fit(model, train, val)
     # the app's own code after fit, run with this config's trained model
     torch.save(model.state_dict(), Path(HydraConfig.get().runtime.output_dir) / "weights.pt")
