@@ -141,7 +141,7 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
     trainer = L.Trainer(**QUIET, max_epochs=3)
     offer = Offer(read_fit_call(trainer, module, train, val), [], L.__version__)
     role = join(directory, f"job{index}", size, offer, timeout_s=60)
-    epochs = []  # each epoch's end as it comes, before the member's end
+    epochs: list[EpochEnd] = []  # each epoch's end as it comes, before the member's end
     if isinstance(role, Leading):
         end = lead(role, fuse_max=8, own_epoch=epochs.append)[role.members[0].key]
     else:

@@ -72,7 +72,7 @@ class SlowData(TensorDataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
         time.sleep(self.sleep)
-        return super().__getitem__(index)
+        return tuple(tensor[index] for tensor in self.tensors)
 
 
 def loaders(batch_size: int, sleep: float) -> tuple[DataLoader[Any], DataLoader[Any]]:
