@@ -85,6 +85,28 @@ def test_a_good_trial_runs_every_epoch(tmp_path: Path) -> None:
     assert env_vars.PRUNED_AT_EPOCH_ATTR not in trial.system_attrs
 
 
+def test_a_validation_the_app_runs_after_fit_is_not_one_of_the_trials_epochs(
+    tmp_path: Path,
+) -> None:
+    import pytorch_lightning as pl
+
+    from furcate_hydra.lightning import OptunaPruning
+    from tests.lightning_helpers import OPTIONS, TinyModule, loaders
+
+    url, number = study_with_one_complete_trial(tmp_path, intermediate=1e6)
+    pruning = OptunaPruning(url, STUDY, number, "val_loss", pruner=MEDIAN)
+    data = loaders()
+    trainer = pl.Trainer(
+        **{**OPTIONS, "max_epochs": 2}, callbacks=[pruning], default_root_dir=tmp_path
+    )
+    model = TinyModule()
+    trainer.fit(model, data["train_dataloaders"], data["val_dataloaders"])
+    trainer.validate(model, data["val_dataloaders"], verbose=False)
+
+    assert sorted(pruning.reported) == [0, 1]
+    assert sorted(stored_trial(url, number).intermediate_values) == [0, 1]
+
+
 def test_a_missing_metric_warns_once_naming_the_logged_ones_and_the_fit_goes_on(
     tmp_path: Path,
 ) -> None:

@@ -164,7 +164,8 @@ class OptunaPruning(CallbackBase):
         )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or not self.active:
+        # only fit's validations are the trial's epochs: not the app's trainer.validate() after
+        if trainer.sanity_checking or not self.active or trainer.state.fn != "fit":
             return
         prune = False
         if trainer.is_global_zero:
