@@ -208,3 +208,44 @@ def epochs_kept(job_dir: Path) -> int:
     if not pointer.exists():
         return 0
     return int(json.loads(pointer.read_text())["epoch"]) + 1
+
+
+def test_optuna_hands_a_fused_slot_its_trials_and_prunes_each_member_by_its_own_values(
+    tmp_path: Path, mlflow_store: str
+) -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    from furcate_hydra import env_vars
+
+    epochs = 6
+    sweep(
+        tmp_path, "study",
+        "hydra/sweeper=furcate_optuna", "hydra/sweeper/pruner=median",
+        "hydra.launcher.fuse=auto", "hydra.launcher.fuse_max=4",
+        "hydra.sweeper.n_trials=8", "hydra.sweeper.direction=minimize",
+        "hydra.sweeper.monitor=val_loss", "hydra.sweeper.sampler.seed=3",
+        "hydra.sweeper.pruner.n_startup_trials=4", "hydra.sweeper.pruner.n_warmup_steps=1",
+        "+hydra.sweeper.params.lr='tag(log, interval(1e-5, 0.3))'", f"epochs={epochs}",
+    )  # fmt: skip
+    study = optuna.load_study(study_name="fused_app", storage=f"sqlite:///{tmp_path}/optuna.db")
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 8
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert pruned and all(t.state != TrialState.FAIL for t in trials), [t.state for t in trials]
+    runs = {run.data.tags[Tags.OUTPUT_DIR]: run for run in job_runs(mlflow_store)}
+    assert len(runs) == 8
+    for job_dir in runs:
+        # the sweeper asked as many trials as the slot's group holds: they trained as one
+        assert "furcate: fused: trained with 4 member(s)" in job_log(Path(job_dir)), job_dir
+    for trial in trials:
+        reported = sorted(trial.intermediate_values)
+        assert reported == list(range(len(reported)))  # each epoch's own value, in order
+        if trial.state == TrialState.PRUNED:
+            assert trial.system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == reported[-1]
+            assert 1 <= reported[-1] < epochs - 1
+        else:
+            assert len(reported) == epochs
+    # a pruned member stopped where its trial was pruned: its history ends there
+    lengths = {len(json.loads((Path(d) / JobPaths.HISTORY).read_text())) for d in runs}
+    assert min(lengths) < epochs == max(lengths)

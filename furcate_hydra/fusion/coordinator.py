@@ -22,7 +22,7 @@ from furcate_hydra.fusion.grouping import Candidate, form_groups
 from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
 from furcate_hydra.fusion.member_progress import MemberProgress
 from furcate_hydra.fusion.member_records import MemberLog, MemberRecords
-from furcate_hydra.fusion.member_stopping import MemberStopping
+from furcate_hydra.fusion.member_stopping import MemberStopping, Pruning
 from furcate_hydra.fusion.rendezvous import Leading
 from furcate_hydra.fusion.signature import FusionSignature
 
@@ -35,6 +35,7 @@ class Offer:
     callbacks: list[Any] = field(default_factory=list)
     lightning_version: str = ""
     log_every_n_steps: int = 50  # its Trainer's: when its loggers get step values
+    pruning: Pruning | None = None  # its trial's, when an Optuna sweeper prunes it
 
     @property
     def signature(self) -> FusionSignature | None:
@@ -119,7 +120,11 @@ def _train(
     # each member's module, optimizer and schedulers came in one pickle: the optimizer still
     # holds that module's parameters, the schedulers that optimizer
     members = [_member(offers[key]) for key in group]
-    stopping = MemberStopping([offers[key].callbacks for key in group], first.shape)
+    stopping = MemberStopping(
+        [offers[key].callbacks for key in group],
+        first.shape,
+        [offers[key].pruning for key in group],
+    )
     observer = MemberRecords(stopping, [offers[key].log_every_n_steps for key in group])
     sent = [MemberLog() for _ in group]  # how much of each member's log it has had
 

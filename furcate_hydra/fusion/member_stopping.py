@@ -1,4 +1,5 @@
-"""Early stopping for each member with its own ``EarlyStopping`` callback, as its run would.
+"""Early stopping for each member with its own ``EarlyStopping`` callback, as its run would, and
+its own Optuna pruning.
 
 Each member's callback object (from its own Trainer) judges that member's monitored value
 with Lightning's own rule (``_evaluate_stopping_criteria``: patience, ``min_delta``,
@@ -12,7 +13,7 @@ would hold.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,11 +28,28 @@ def early_stopping_callbacks(callbacks: Sequence[Any]) -> list[Any]:
     return [cb for cb in callbacks if derives_from(cb, "EarlyStopping", LIGHTNING)]
 
 
-class MemberStopping:
-    """A ``FusionObserver``: every member's final metrics, and its early stopping."""
+class Pruning(Protocol):
+    """A member's Optuna pruning (``lightning._pruning.OptunaPruning``), read as it runs after
+    each validation: its monitored value reported for the epoch, True when its trial is
+    pruned."""
 
-    def __init__(self, callbacks: Sequence[Sequence[Any]], shape: TrainingShape) -> None:
+    monitor: str
+
+    def report(self, value: float, epoch: int) -> bool: ...
+
+
+class MemberStopping:
+    """A ``FusionObserver``: every member's final metrics, its early stopping and its Optuna
+    pruning (``pruning``: each member's, or None)."""
+
+    def __init__(
+        self,
+        callbacks: Sequence[Sequence[Any]],
+        shape: TrainingShape,
+        pruning: Sequence[Pruning | None] | None = None,
+    ) -> None:
         self.final = FinalMetrics(len(callbacks))
+        self.pruning = list(pruning) if pruning is not None else [None] * len(callbacks)
         self.stoppers = [early_stopping_callbacks(own) for own in callbacks]
         # where EarlyStopping's setup puts the check when the app leaves it unset
         every_epoch = shape.val_check_interval == 1.0 and shape.check_val_every_n_epoch == 1
@@ -65,7 +83,19 @@ class MemberStopping:
 
     def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
         self.final.validation_end(step, epoch, means)
-        return self.final.stopped(self._judge(epoch, at_epoch_end=False), epoch)
+        stop = self._judge(epoch, at_epoch_end=False) | self._pruned(epoch)
+        return self.final.stopped(stop, epoch)
+
+    def _pruned(self, epoch: int) -> torch.Tensor:
+        """Each member's trial told its value after validation, as its own run tells it."""
+        stop = torch.zeros(len(self.pruning), dtype=torch.bool)
+        for member, pruning in enumerate(self.pruning):
+            metrics = self.final.metrics[member]
+            if pruning is None or self.final.stopped_in[member] is not None:
+                continue
+            if pruning.monitor in metrics:
+                stop[member] = pruning.report(float(metrics[pruning.monitor]), epoch)
+        return stop
 
     def train_epoch_end(
         self, step: int, epoch: int, means: dict[str, torch.Tensor]

@@ -25,6 +25,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 from furcate_hydra import env_vars
 
 LEADER = "leader"
@@ -92,10 +94,12 @@ class Following:
 
 
 def _send(connection: Connection, message: Any) -> None:
-    # plain pickle, not the connection's: torch's reductions for multiprocessing would share
+    # cloudpickle: a class of the app's script (``__main__.TinyMLP``) travels by value, as the
+    # job's process may run the script under another name than the leader's __main__. Not
+    # the connection's pickler: torch's reductions for multiprocessing would share
     # a tensor's storage by passing a file descriptor, which the sender must stay alive to
     # hand over; a copy of the bytes needs nothing of it
-    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    connection.send_bytes(cloudpickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _receive(connection: Connection) -> Any:

@@ -35,6 +35,7 @@ from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
 from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join
 from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_training import JobTraining
+from furcate_hydra.lightning._pruning import OptunaPruning
 
 log = logging.getLogger("furcate_hydra.lightning")
 
@@ -141,11 +142,13 @@ def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offe
     version = str(
         getattr(sys.modules.get(type(trainer).__module__.split(".")[0]), "__version__", "")
     )
+    pruning = [cb for cb in trainer.callbacks if isinstance(cb, OptunaPruning) and cb.active]
     return Offer(
         call,
         early_stopping_callbacks(trainer.callbacks),
         version,
         int(trainer.log_every_n_steps),
+        pruning[0] if pruning else None,
     )
 
 

@@ -2,8 +2,9 @@
 write theirs (``import lightning as L``, ``trainer.fit``, code after it), nothing for furcate.
 
 ``module=metric`` updates a torchmetrics metric inside ``training_step`` (a reason not to fuse);
-``early_stop=true`` adds an EarlyStopping callback; ``sample_sleep`` slows each training sample. The task returns the validation loss and
-the trained weights' sum, and saves the weights beside the job (``weights.pt``).
+``early_stop=true`` adds an EarlyStopping callback; ``sample_sleep`` slows each training
+sample. The task saves the trained weights in its job dir (``weights.pt``) and returns the
+validation loss of a ``trainer.validate`` after fit.
 """
 
 from __future__ import annotations
