@@ -678,3 +678,45 @@ def test_reading_a_fit_call_probes_its_steps_without_drawing_from_any_random_str
     assert read_fit_call(trainer, Branching(1e-3, 0.0), train).reasons == [
         "its training_step branches on a tensor's value"
     ]
+
+
+class Named(TinyMLP):
+    """Batches led by a list of names (strings): Lightning counts the first tensor's rows."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        _, x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+
+def test_an_epoch_mean_weighs_each_batch_by_its_first_tensors_rows_as_lightning_does() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 8, generator=generator), torch.randint(0, 3, (40,), generator=generator)
+    names = [f"sample{i}" for i in range(40)]
+    samples = [(names[i], x[i], y[i]) for i in range(40)]
+    train = DataLoader(samples, batch_size=16)  # 16, 16 and 8 rows: unequal weights
+    val = DataLoader(TensorDataset(x[:16], y[:16]), batch_size=16)
+    configs = CONFIGS[:2]
+    modules = []
+    for i, config in enumerate(configs):
+        torch.manual_seed(100 + i)
+        modules.append(Named(*config))
+    calls = [read_fit_call(L.Trainer(**QUIET, max_epochs=2), m, train, val) for m in modules]
+    members = [call.member for call in calls if call.member is not None]
+    assert calls[0].shape is not None and len(members) == 2
+    observer = StopsAt(2, stop_after_epoch={})
+    fused_fit(members, calls[0].shape, train, val, observer, step_mode="loop")
+    for i, config in enumerate(configs):
+        torch.manual_seed(100 + i)
+        alone = Named(*config)
+        trainer = L.Trainer(**QUIET, max_epochs=2)
+        trainer.fit(alone, train, val)
+        torch.testing.assert_close(
+            observer.final.metrics[i]["train_loss_epoch"],
+            trainer.callback_metrics["train_loss_epoch"],
+        )

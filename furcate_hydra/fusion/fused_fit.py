@@ -10,6 +10,7 @@ after it. What each member logged goes to the ``FusionObserver``, which may stop
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -107,7 +108,10 @@ def fused_fit(
     stack = MemberStack([m.module for m in members], device)
     if stack.scalar_refusals:
         raise ValueError("; ".join(stack.scalar_refusals))
-    base = members[0].module.to(device)
+    # the members' own modules stay where the app made them (their ends are sent from there);
+    # on another device the step runs on a copy of the first
+    first = members[0].module
+    base = first if device.type == "cpu" else copy.deepcopy(first).to(device)
     names = optimized_names(members[0].module, members[0].optimizer)
     optimizer = FusedOptimizer([m.optimizer for m in members], names).to(device)
     count = len(members)
@@ -279,17 +283,22 @@ def _on_step(logs: StepLogs) -> dict[str, torch.Tensor]:
 
 
 def _batch_size(batch: Any) -> int:
-    """Lightning's inference: the first dimension of the first tensor in the batch."""
+    """Lightning's inference: the first dimension of the first tensor in the batch (1 when it
+    holds none)."""
+    return _first_tensor_size(batch) or 1
+
+
+def _first_tensor_size(batch: Any) -> int | None:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, dict):
         batch = list(batch.values())
     if isinstance(batch, (list, tuple)):
         for item in batch:
-            size = _batch_size(item)
-            if size:
+            size = _first_tensor_size(item)
+            if size is not None:
                 return size
-    return 1
+    return None  # a string, a number: not what Lightning counts
 
 
 def _to(batch: Any, device: torch.device) -> Any:
