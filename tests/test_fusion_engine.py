@@ -699,7 +699,7 @@ def test_an_epoch_mean_weighs_each_batch_by_its_first_tensors_rows_as_lightning_
     x, y = torch.randn(40, 8, generator=generator), torch.randint(0, 3, (40,), generator=generator)
     names = [f"sample{i}" for i in range(40)]
     samples = [(names[i], x[i], y[i]) for i in range(40)]
-    train = DataLoader(samples, batch_size=16)  # 16, 16 and 8 rows: unequal weights
+    train: DataLoader[Any] = DataLoader(samples, batch_size=16)  # type: ignore[arg-type]  # 16, 16 and 8 rows: unequal weights
     val = DataLoader(TensorDataset(x[:16], y[:16]), batch_size=16)
     configs = CONFIGS[:2]
     modules = []
