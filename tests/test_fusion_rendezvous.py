@@ -143,7 +143,7 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
     role = join(directory, f"job{index}", size, offer, timeout_s=60)
     epochs: list[EpochEnd] = []  # each epoch's end as it comes, before the member's end
     if isinstance(role, Leading):
-        end = lead(role, fuse_max=8, own_epoch=epochs.append)[role.members[0].key]
+        end = lead(role, 8, own_epoch=epochs.append, keep_every_s=0.0)[role.members[0].key]
     else:
         while isinstance(end := role.receive(timeout_s=120), EpochEnd):
             epochs.append(end)

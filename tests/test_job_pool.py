@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from furcate_hydra import env_vars
 from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
 from furcate_hydra.execution.forkserver.protocol import ChildReport
@@ -354,3 +355,81 @@ def test_progress_is_told_while_a_job_runs(tmp_path: Path, events: list[JobEvent
         pool.cancel(["0"])
         while pool.pending:
             pool.wait_any()
+
+
+# -- fuse=auto: jobs start in groups ------------------------------------------------------
+
+
+def fused_options(fuse_max: int) -> PoolOptions:
+    return PoolOptions(0, 3, None, False, 1.0, fork_ahead=False, fuse_max=fuse_max)
+
+
+def groups_placed(transport: FakeTransport, jobs: dict[str, Job]) -> list[list[str]]:
+    """The keys of each fused group the pool started, in order (a job alone: no group)."""
+    by_dir: dict[str, list[str]] = {}
+    for key, _ in transport.placed:
+        directory = jobs[key].env.get(env_vars.FUSE_DIR, f"alone-{key}")
+        by_dir.setdefault(directory, []).append(key)
+    return list(by_dir.values())
+
+
+def test_jobs_submitted_together_start_in_even_groups_one_per_free_slot(tmp_path: Path) -> None:
+    # 2 slots of 8 seats each; 6 jobs submitted, then waited for: a group of 3 on each slot
+    transport = FakeTransport(16)
+    jobs = {str(i): job(tmp_path, str(i)) for i in range(6)}
+    with JobPool(transport, fused_options(8)) as pool:
+        for item in jobs.values():
+            pool.submit(item)
+        assert transport.placed == []  # a group waits while jobs are still being submitted
+        done = [j.key for j in pool.as_completed()]
+        groups = groups_placed(transport, jobs)
+        assert groups == [["0", "1", "2"], ["3", "4", "5"]]
+        for group in groups:
+            envs = [jobs[key].env for key in group]
+            assert {e[env_vars.FUSE_SIZE] for e in envs} == {"3"}
+            assert [e[env_vars.FUSE_KEY] for e in envs] == group
+            directory = Path(envs[0][env_vars.FUSE_DIR])
+            # every member's job ended: each is marked left, so no leader would wait for it
+            assert sorted(p.name for p in directory.glob(f"{env_vars.FUSE_LEFT}*")) == [
+                f"{env_vars.FUSE_LEFT}{key}" for key in group
+            ]
+    assert sorted(done, key=int) == list(jobs)
+    assert not directory.exists()  # the pool's group dirs went with it
+
+
+def test_a_full_group_starts_while_jobs_are_still_submitted_and_a_lone_job_is_no_group(
+    tmp_path: Path,
+) -> None:
+    transport = FakeTransport(4, {str(i): ["hang"] for i in range(2)})
+    jobs = {str(i): job(tmp_path, str(i)) for i in range(3)}
+    with JobPool(transport, fused_options(2)) as pool:
+        pool.submit(jobs["0"])
+        assert transport.placed == []
+        pool.submit(jobs["1"])
+        assert [key for key, _ in transport.placed] == ["0", "1"]  # full: it need not wait
+        assert jobs["0"].env[env_vars.FUSE_DIR] == jobs["1"].env[env_vars.FUSE_DIR]
+        pool.submit(jobs["2"])
+        pool.wait_any(timeout=0.2)  # the caller waits: the last job starts, alone
+        assert [key for key, _ in transport.placed] == ["0", "1", "2"]
+        assert env_vars.FUSE_DIR not in jobs["2"].env
+        pool.cancel(["0", "1"])
+        list(pool.as_completed())
+
+
+def test_a_groups_seats_are_taken_on_one_slot() -> None:
+    from furcate_hydra.execution.fused_groups import seated
+    from furcate_hydra.execution.slot_book import SlotBook
+    from furcate_hydra.execution.slots import SlotPlan
+
+    plan = seated(SlotPlan((Slot(0, None, (0,), 1), Slot(1, None, (1,), 1)), "cpu"), 3)
+    assert [(s.index, s.home, s.cpus) for s in plan.slots] == [
+        (0, 0, (0,)), (1, 0, (0,)), (2, 0, (0,)), (3, 1, (1,)), (4, 1, (1,)), (5, 1, (1,)),
+    ]  # fmt: skip
+    assert plan.describe() == (
+        "2 CPU slots (no GPU), 1 pinned core each; fused groups of up to 3 jobs per slot"
+    )
+    book = SlotBook(plan.slots)
+    first = book.take_free()
+    assert [book.take_free(first.home).home for _ in range(2)] == [first.home] * 2
+    second = book.take_free()  # a new group: the least busy slot
+    assert second.home != first.home

@@ -42,7 +42,7 @@ def seated(plan: SlotPlan, fuse_max: int) -> SlotPlan:
     if fuse_max <= 1:
         return plan
     seats = [
-        replace(slot, index=slot.index * fuse_max + seat)
+        replace(slot, index=slot.index * fuse_max + seat, home=slot.index)
         for slot in plan.slots
         for seat in range(fuse_max)
     ]
@@ -63,13 +63,17 @@ class FusedGroups:
     ) -> list[Job]:
         """The next group from the front of ``queue``, or none yet.
 
-        A group is as large as the queue allows, up to ``fuse_max``: while more jobs may be
-        queued (the caller is submitting), a smaller one waits for them. It starts only once
-        seats for all of it are free, unless nothing runs that could free more.
+        While more jobs may be queued (the caller is submitting), only a full group of
+        ``fuse_max`` starts; then the queue is shared evenly between the slots free for it
+        (16 jobs on 2 free slots: two groups of 8). A group starts only once seats for all of
+        it are free, unless nothing runs that could free more.
         """
-        want = min(self.fuse_max, len(queue))
-        if want == 0 or (want < self.fuse_max and more_may_come):
+        if not queue or (len(queue) < self.fuse_max and more_may_come):
             return []
+        want = self.fuse_max
+        if not more_may_come:  # the jobs there are, evenly over the slots free for them
+            slots = max(1, free // self.fuse_max)
+            want = min(self.fuse_max, -(-len(queue) // slots))
         if free < want:
             if running or free == 0:
                 return []

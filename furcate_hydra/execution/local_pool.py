@@ -28,6 +28,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from furcate_hydra import env_vars
 from furcate_hydra.errors import ForkServerError
 from furcate_hydra.execution.forkserver import ForkServerClient
 from furcate_hydra.execution.forkserver.client import ConsoleOutput, start_server
@@ -134,6 +135,7 @@ class LocalTransport(Transport):
         self._slots = SlotBook(plan.slots, packing.capacity if packing is not None else None)
         self._jobs: dict[str, Job] = {}  # placed: on a slot, or ahead of one
         self._ahead: dict[str, Job] = {}  # forked ahead, waiting at their gates for a slot
+        self._group_homes: dict[str, int | None] = {}  # a fused group's dir -> its slot
         # The server hands an ended job's slot to a job ahead at once, before the launcher
         # hears of the end: on a shared GPU that would keep a slot an out-of-memory closed.
         self._shared = any(count > 1 for count in plan.slots_per_gpu().values())
@@ -178,7 +180,12 @@ class LocalTransport(Transport):
 
     def place(self, job: Job) -> Placed | None:
         """Have the server fork the job: on a free slot, or ahead of one."""
-        slot = self._slots.take_free() if self._slots.free else None
+        # a fused group's jobs go to the seats of one slot: its first took the least busy
+        group = job.env.get(env_vars.FUSE_DIR)
+        home = self._group_homes.get(group) if group else None
+        slot = self._slots.take_free(home) if self._slots.free else None
+        if group and slot is not None:
+            self._group_homes[group] = slot.home
         self._jobs[job.key] = job
         if slot is None:
             self._ahead[job.key] = job

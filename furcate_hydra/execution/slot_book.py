@@ -33,6 +33,7 @@ class SlotBook:
         self._capacity = capacity
         self._free: list[Slot] = list(slots)
         self._busy_per_device: collections.Counter[str | None] = collections.Counter()
+        self._busy_per_home: collections.Counter[int | None] = collections.Counter()
         self._held: dict[str, Slot] = {}  # by job key
         self._offered: dict[int, Slot] = {}  # by slot index: waiting for Started or Unused
 
@@ -47,11 +48,23 @@ class SlotBook:
     def offered(self) -> int:
         return len(self._offered)
 
-    def take_free(self) -> Slot:
-        """A free slot, on the least busy device first."""
-        slot = min(self._usable(), key=lambda s: (self._busy_per_device[s.device], s.index))
+    def take_free(self, home: int | None = None) -> Slot:
+        """A free slot, on the least busy device first; a seat (``Slot.home``) of ``home``
+        where one is free (a fused group's jobs share their slot), else of the least busy."""
+        usable = self._usable()
+        if home is not None and (seats := [s for s in usable if s.home == home]):
+            usable = seats
+        slot = min(
+            usable,
+            key=lambda s: (
+                self._busy_per_device[s.device],
+                self._busy_per_home[s.home],
+                s.index,
+            ),
+        )
         self._free.remove(slot)
         self._busy_per_device[slot.device] += 1
+        self._busy_per_home[slot.home] += 1
         return slot
 
     def hold(self, key: str, slot: Slot) -> None:
@@ -111,4 +124,5 @@ class SlotBook:
 
     def _put_back(self, slot: Slot) -> None:
         self._busy_per_device[slot.device] -= 1
+        self._busy_per_home[slot.home] -= 1
         self._free.append(slot)

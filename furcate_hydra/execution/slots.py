@@ -41,12 +41,16 @@ class Slot:
         device: The slot's GPU, or its GPUs as ``CUDA_VISIBLE_DEVICES`` lists them ("0,1",
             see ``gpu_groups``); None on CPU.
         threads: Threads each of the job's processes (each rank) runs.
+        home: The slot whose seat this is (``execution.fused_groups.seated``).
     """
 
     index: int
     device: str | None
     cpus: tuple[int, ...] | None
     threads: int | None
+    # a seat of a slot (``fuse=auto``: a fused group's jobs, each its own process): the slot's
+    # index; None: a slot of its own
+    home: int | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ launcher, so the class is importable wherever it arrives.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,10 @@ from furcate_hydra.fusion.member_records import MemberLog, MemberRecords
 from furcate_hydra.fusion.member_stopping import MemberStopping, Pruning
 from furcate_hydra.fusion.rendezvous import Leading
 from furcate_hydra.fusion.signature import FusionSignature
+
+# How often a group's members keep an epoch's end (checkpoint, metrics, history): a kill
+# loses at most this much of the group's training beyond an epoch.
+KEEP_EVERY_S = 2.0
 
 
 @dataclass
@@ -58,7 +63,8 @@ class Alone:
 @dataclass(frozen=True)
 class EpochEnd:
     """One of your epochs ended: your checkpoint at its end (as your run's epoch-end one),
-    and what your loggers and history got since the last (more comes: go on listening)."""
+    and what your loggers and history got since the last you heard (more comes: go on
+    listening)."""
 
     checkpoint: dict[str, Any]
     log: MemberLog
@@ -80,10 +86,11 @@ def lead(
     fuse_max: int,
     device: torch.device | None = None,
     own_epoch: Callable[[EpochEnd], None] | None = None,
+    keep_every_s: float = KEEP_EVERY_S,
 ) -> dict[str, Alone | Trained]:
-    """Form the groups, train them, send every other member its epochs' ends as they come and
-    its end; every end, by key (the leader's own among them, under ``leading.members[0].key``;
-    its epochs' ends go to ``own_epoch``)."""
+    """Form the groups, train them, send every other member its epochs' ends (at most every
+    ``keep_every_s``) and its end; every end, by key (the leader's own among them, under
+    ``leading.members[0].key``; its epochs' ends go to ``own_epoch``)."""
     offers: dict[str, Offer] = {m.key: m.payload for m in leading.members}
     candidates = [
         Candidate(key, offer.signature, tuple(offer.call.reasons)) for key, offer in offers.items()
@@ -103,7 +110,7 @@ def lead(
             leading.send(key, message)
 
     for group in grouping.groups:
-        for key, end in _train(group, offers, device, tell).items():
+        for key, end in _train(group, offers, device, tell, keep_every_s).items():
             ends[key] = end
             leading.send(key, end)
     return ends
@@ -114,6 +121,7 @@ def _train(
     offers: dict[str, Offer],
     device: torch.device | None,
     tell: Callable[[str, EpochEnd], None],
+    keep_every_s: float,
 ) -> dict[str, Trained]:
     first = offers[group[0]].call
     assert first.shape is not None
@@ -139,7 +147,16 @@ def _train(
         sent[index] = MemberLog(list(log.logged), list(log.epochs))
         return new
 
+    told = time.monotonic()
+
     def epoch_done(trained: torch.Tensor, progress: list[MemberProgress]) -> None:
+        nonlocal told
+        # each member's run writes its metrics, history and checkpoint when it hears: every
+        # few seconds, not every epoch (a tiny model's epochs take milliseconds, and a group's
+        # members writing to one store at once wait for each other)
+        if time.monotonic() - told < keep_every_s:
+            return
+        told = time.monotonic()
         for index in torch.nonzero(trained).flatten().tolist():
             tell(group[index], EpochEnd(checkpoint(index, progress[index]), unsent(index)))
 

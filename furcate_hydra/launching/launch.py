@@ -56,7 +56,8 @@ def launch(
     """Hydra's ``Launcher.launch``: submit every job, return JobReturns in input order."""
     batch = _Batch([JobRequest(o, initial_job_idx + i) for i, o in enumerate(job_overrides)])
     with session.streaming():
-        log.info("Launching %d jobs on %d slots", len(batch.requests), session.executor.slot_count)
+        at_once = session.executor.slot_count  # with fuse: every seat of every slot
+        log.info("Launching %d jobs, up to %d at a time", len(batch.requests), at_once)
         # The first chunk fills the idle slots at once; later ones are composed and looked
         # up while those jobs run.
         pace = FeedPace(slots=max(session.idle_slots, 1), ahead=None)

@@ -16,11 +16,12 @@ nothing left to train and returns; the Trainer then holds what the app reads aft
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 from furcate_hydra import env_vars
 from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, Trained, lead
 from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
+from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
 from furcate_hydra.fusion.member_records import MemberLog
 from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
 from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join
@@ -154,10 +156,10 @@ def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offe
 
 def log_member(trainer: Any, history: MetricsHistory, log: MemberLog) -> None:
     """What its own run would have logged: every logger call in order, its history rows."""
-    for step, metrics in log.logged:
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step)
     for logger in trainer.loggers:
+        with _one_mlflow_batch(logger):
+            for step, metrics in log.logged:
+                logger.log_metrics(metrics, step)
         logger.save()
     for record in log.epochs:
         history.add_row(
@@ -167,6 +169,31 @@ def log_member(trainer: Any, history: MetricsHistory, log: MemberLog) -> None:
             record.validated,
             record.validation_names,
         )
+
+
+# MLflow takes at most this many metrics in one log_batch
+_MLFLOW_BATCH = 1000
+
+
+@contextlib.contextmanager
+def _one_mlflow_batch(logger: Any) -> Iterator[None]:
+    """An MLflow logger's calls (each its own ``log_batch``: a store transaction, which a
+    group's members would wait for each other to make) sent as one batch at the end; any
+    other logger is left as it is."""
+    if not derives_from(logger, "MLFlowLogger", LIGHTNING) or logger.run_id is None:
+        yield
+        return
+    client = logger.experiment
+    metrics: list[Any] = []
+    # Lightning's MLFlowLogger.log_metrics hands its Metric objects to experiment.log_batch
+    kept = metrics.extend
+    client.log_batch = lambda run_id, metrics=(), **_: kept(metrics)
+    try:
+        yield
+    finally:
+        del client.log_batch  # the client's own method again
+    for start in range(0, len(metrics), _MLFLOW_BATCH):
+        client.log_batch(logger.run_id, metrics=metrics[start : start + _MLFLOW_BATCH])
 
 
 def keep_epoch(trainer: Any, training: JobTraining, end: EpochEnd) -> None:
