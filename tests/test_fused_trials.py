@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import psutil
 import torch
 from mlflow.tracking import MlflowClient
 
+from furcate_hydra import env_vars
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
@@ -216,8 +218,6 @@ def test_optuna_hands_a_fused_slot_its_trials_and_prunes_each_member_by_its_own_
     import optuna
     from optuna.trial import TrialState
 
-    from furcate_hydra import env_vars
-
     epochs = 6
     sweep(
         tmp_path, "study",
@@ -249,3 +249,51 @@ def test_optuna_hands_a_fused_slot_its_trials_and_prunes_each_member_by_its_own_
     # a pruned member stopped where its trial was pruned: its history ends there
     lengths = {len(json.loads((Path(d) / JobPaths.HISTORY).read_text())) for d in runs}
     assert min(lengths) < epochs == max(lengths)
+
+
+def test_a_preempted_group_is_queued_again_and_every_member_resumes_from_its_last_kept_epoch(
+    tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
+) -> None:
+    grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "epochs=4", "sample_sleep=0.04"]
+    command = [
+        sys.executable, str(APP), "-m", FURCATE, "hydra.launcher.max_workers=1",
+        "hydra.launcher.fuse=auto", f"hydra.sweep.dir={tmp_path / 'sweep'}", *grid,
+    ]  # fmt: skip
+    launcher = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for(lambda: all(epochs_kept(tmp_path / "sweep" / str(j)) >= 2 for j in range(4)),
+             launcher, "two epochs of every member kept")  # fmt: skip
+    # the jobs: the fork server's children (the launcher's own child is the fork server)
+    members = [
+        child
+        for child in psutil.Process(launcher.pid).children(recursive=True)
+        if child.ppid() != launcher.pid
+    ]
+    assert len(members) == 4
+    for member in members:  # a preemption of the machine: every job is signalled
+        member.send_signal(signal.SIGTERM)
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, output
+    assert "4 finished" in output, output
+
+    alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
+    shutil.copyfile(empty_mlflow_db, tmp_path / "alone.db")
+    result = run_cli(
+        APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={tmp_path / 'alone'}",
+        *grid[:-1], cwd=tmp_path, env={**os.environ, "MLFLOW_TRACKING_URI": alone_store},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    alone = by_overrides(alone_store)
+    for config, run in by_overrides(mlflow_store).items():
+        job_dir = Path(run.data.tags[Tags.OUTPUT_DIR])
+        said = job_log(job_dir)  # its last attempt's: queued again alone, it resumed
+        assert f"Trainer gets resume from {job_dir / JobPaths.CHECKPOINTS}/epoch=" in said, said
+        assert run.data.tags[Tags.PREEMPTIONS] == "1"  # queued again once, into its own run
+        mine = torch.load(job_dir / "weights.pt")
+        theirs = torch.load(Path(alone[config].data.tags[Tags.OUTPUT_DIR]) / "weights.pt")
+        for name, tensor in theirs.items():
+            assert torch.equal(mine[name], tensor), (config, name)
+        history = json.loads((job_dir / JobPaths.HISTORY).read_text())
+        assert [row["epoch"] for row in history] == [0, 1, 2, 3]

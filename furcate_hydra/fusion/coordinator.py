@@ -87,10 +87,12 @@ def lead(
     device: torch.device | None = None,
     own_epoch: Callable[[EpochEnd], None] | None = None,
     keep_every_s: float = KEEP_EVERY_S,
+    stop_asked: Callable[[], bool] | None = None,
 ) -> dict[str, Alone | Trained]:
     """Form the groups, train them, send every other member its epochs' ends (at most every
     ``keep_every_s``) and its end; every end, by key (the leader's own among them, under
-    ``leading.members[0].key``; its epochs' ends go to ``own_epoch``)."""
+    ``leading.members[0].key``; its epochs' ends go to ``own_epoch``). ``stop_asked``: see
+    ``fused_fit``; its ``FusedFitStopped`` goes on, the members' lines closing with it."""
     offers: dict[str, Offer] = {m.key: m.payload for m in leading.members}
     candidates = [
         Candidate(key, offer.signature, tuple(offer.call.reasons)) for key, offer in offers.items()
@@ -110,7 +112,8 @@ def lead(
             leading.send(key, message)
 
     for group in grouping.groups:
-        for key, end in _train(group, offers, device, tell, keep_every_s).items():
+        trained = _train(group, offers, device, tell, keep_every_s, stop_asked)
+        for key, end in trained.items():
             ends[key] = end
             leading.send(key, end)
     return ends
@@ -122,6 +125,7 @@ def _train(
     device: torch.device | None,
     tell: Callable[[str, EpochEnd], None],
     keep_every_s: float,
+    stop_asked: Callable[[], bool] | None,
 ) -> dict[str, Trained]:
     first = offers[group[0]].call
     assert first.shape is not None
@@ -168,6 +172,7 @@ def _train(
         observer,
         device,
         on_epoch=epoch_done,
+        stop_asked=stop_asked,
     )
     ends = {}
     for index, key in enumerate(group):

@@ -28,6 +28,10 @@ from furcate_hydra.fusion.step_logs import LogOptions, StepLogs
 from furcate_hydra.fusion.vmapped_step import STEP_MODES, StepFn, faster_mode, vmapped_step
 
 
+class FusedFitStopped(Exception):
+    """The fit was asked to stop (its process was preempted) before it ended."""
+
+
 @dataclass
 class SchedulerPlan:
     """One member's lr scheduler as Lightning configured it."""
@@ -96,6 +100,7 @@ def fused_fit(
     start: Sequence[MemberProgress] | None = None,
     step_mode: str = "auto",
     on_epoch: Callable[[torch.Tensor, list[MemberProgress]], None] | None = None,
+    stop_asked: Callable[[], bool] | None = None,
 ) -> FusedOutcome:
     """Train every member on the same batches; their modules hold the trained weights after,
     their optimizers their state. ``start``: where the members resume (the same epoch and
@@ -103,7 +108,8 @@ def fused_fit(
     ``step_mode``: ``vmap``, ``loop`` (see ``vmapped_step``), or ``auto``: the faster of the
     two on the first batch. ``on_epoch(trained, progress)``: after each epoch, with the
     members that trained in it (bool ``[N]``) and where each is, their modules, optimizers
-    and schedulers at its end."""
+    and schedulers at its end. ``stop_asked()``: asked before each batch; True raises
+    ``FusedFitStopped`` (a preemption: the members resume from their last epoch's end)."""
     device = device or torch.device("cpu")
     stack = MemberStack([m.module for m in members], device)
     if stack.scalar_refusals:
@@ -141,6 +147,8 @@ def fused_fit(
         for batch_idx, batch in enumerate(train_loader):
             if batch_idx >= train_batches:
                 break
+            if stop_asked is not None and stop_asked():
+                raise FusedFitStopped(f"stopped in epoch {epoch}, batch {batch_idx}")
             batch = _to(batch, device)
             grads_now, logs = train_step(stack, batch, batch_idx)
             grads = grads_now if grads is None else {k: grads[k] + g for k, g in grads_now.items()}

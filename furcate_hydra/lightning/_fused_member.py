@@ -31,6 +31,7 @@ import torch
 from furcate_hydra import env_vars
 from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, Trained, lead
 from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
+from furcate_hydra.fusion.fused_fit import FusedFitStopped
 from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
 from furcate_hydra.fusion.member_records import MemberLog
 from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
@@ -38,6 +39,7 @@ from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join
 from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_training import JobTraining
 from furcate_hydra.lightning._pruning import OptunaPruning
+from furcate_hydra.preemption import JobPreempted
 
 log = logging.getLogger("furcate_hydra.lightning")
 
@@ -103,11 +105,18 @@ def join_group(
     arguments: dict[str, Any],
     refusal: str | None,
     on_epoch: Callable[[EpochEnd], None],
+    signalled: Callable[[], str | None] = lambda: None,
 ) -> Alone | Trained:
     """Bring this member's ``fit`` to its group (``arguments``: fit's, by name) and return
     its end: trained by the group's leader (this process, or another), or told to run alone.
     ``refusal``: a reason this member cannot be fused that only the job knows (it resumes).
-    ``on_epoch``: each of its epochs' ends while the group trains."""
+    ``on_epoch``: each of its epochs' ends while the group trains. ``signalled()``: the
+    preemption signal this process got, if any.
+
+    Raises:
+        GroupPreempted: this process was preempted while its group trained (its last kept
+            epoch is where it resumes).
+    """
     offer = _offer(trainer, arguments, refusal)
     try:
         joined = join(group.directory, group.key, group.size, offer, group.gather_s)
@@ -118,13 +127,32 @@ def join_group(
             return message  # type: ignore[no-any-return]
         try:
             device = trainer.strategy.root_device if offer.call.fusable else None
-            ends = lead(joined, group.fuse_max, device, on_epoch)
+            ends = lead(
+                joined,
+                group.fuse_max,
+                device,
+                on_epoch,
+                stop_asked=lambda: signalled() is not None,
+            )
         finally:
             joined.close()
-    except RendezvousError as exc:
+    except (RendezvousError, FusedFitStopped) as exc:
+        name = signalled()
+        if name is not None:  # its group stopped for the same signal: it is preempted
+            raise GroupPreempted(name) from exc
+        if isinstance(exc, FusedFitStopped):
+            raise
         # the member still trains, as its own run: only the speed of fusion is lost
         return Alone(f"its group did not form ({exc})")
     return ends[group.key]
+
+
+class GroupPreempted(Exception):
+    """A member's process was preempted while its group trained."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offer:
@@ -226,9 +254,19 @@ def fit_in_group(
     if group is None:
         return None
     refusal = "it resumes from its checkpoint" if resumes else None
-    end = join_group(
-        group, trainer, arguments, refusal, lambda epoch: keep_epoch(trainer, training, epoch)
-    )
+    try:
+        end = join_group(
+            group,
+            trainer,
+            arguments,
+            refusal,
+            lambda epoch: keep_epoch(trainer, training, epoch),
+            lambda: training.watch.signal_name,
+        )
+    except GroupPreempted as stopped:
+        # the next attempt resumes from the last epoch its group kept for it
+        kept = training.checkpoint.last_saved
+        raise JobPreempted(stopped.signal_name, str(kept) if kept else None) from None
     if isinstance(end, Alone):
         log.info("furcate: not fused: %s", end.reason)
         return None
