@@ -129,28 +129,25 @@ def test_a_follower_whose_leader_died_says_so(tmp_path: Path) -> None:
 
 
 def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
-    """A member process as a job's fit will be: read its fit, join, train or be trained."""
+    """A member process as a job's fit is: its fit brought to the group by the job side's
+    ``join_group``, trained or told to run alone."""
     import lightning as L
 
-    from furcate_hydra.fusion.coordinator import EpochEnd, Offer, Trained, lead
-    from furcate_hydra.fusion.fit_call import read_fit_call
+    from furcate_hydra.fusion.coordinator import EpochEnd, Trained
+    from furcate_hydra.lightning._fused_member import GroupEnv, join_group
     from tests.test_fusion_engine import CONFIGS, QUIET, WithMetric, _loaders, _member
 
     train, val = _loaders()
     module = WithMetric() if index == len(CONFIGS) else _member(index, *CONFIGS[index])
     trainer = L.Trainer(**QUIET, max_epochs=3)
-    offer = Offer(read_fit_call(trainer, module, train, val), [], L.__version__)
-    role = join(directory, f"job{index}", size, offer, timeout_s=60)
     epochs: list[EpochEnd] = []  # each epoch's end as it comes, before the member's end
-    if isinstance(role, Leading):
-        end = lead(role, 8, own_epoch=epochs.append, keep_every_s=0.0)[role.members[0].key]
-    else:
-        while isinstance(end := role.receive(timeout_s=120), EpochEnd):
-            epochs.append(end)
+    group = GroupEnv(directory, size, f"job{index}", fuse_max=8, gather_s=60)
+    arguments = {"model": module, "train_dataloaders": train, "val_dataloaders": val}
+    end = join_group(group, trainer, arguments, None, epochs.append)
     if isinstance(end, Trained):
-        assert [e.checkpoint["epoch"] for e in epochs] == [1, 2, 3]
-        assert [r.epoch for e in epochs for r in e.log.epochs] == [0, 1, 2]
-        assert not end.log.epochs  # every epoch was told as it ended
+        assert [e.checkpoint["epoch"] for e in epochs] == [1, 2, 3][: len(epochs)]
+        told = [r.epoch for e in epochs for r in e.log.epochs] + [r.epoch for r in end.log.epochs]
+        assert told == [0, 1, 2]  # every epoch once: kept as it came, or with the end
         module.load_state_dict(end.checkpoint["state_dict"])
         weights = {k: v.tolist() for k, v in module.state_dict().items()}
         results.put((index, "trained", weights, end.group, sorted(end.callback_metrics)))
@@ -158,7 +155,10 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
         results.put((index, "alone", end.reason))
 
 
-def test_a_group_formed_across_processes_hands_each_member_its_own_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("metric_leads", [False, True])
+def test_a_group_formed_across_processes_hands_each_member_its_own_run(
+    tmp_path: Path, metric_leads: bool
+) -> None:
     import torch
 
     from tests.test_fusion_engine import CONFIGS, _alone
@@ -172,8 +172,13 @@ def test_a_group_formed_across_processes_hands_each_member_its_own_run(tmp_path:
     processes = [
         warm.Process(target=fused_member, args=(tmp_path, i, size, results)) for i in range(size)
     ]
+    if metric_leads:  # the leader runs alone: its group trains on loaders it asks for
+        processes[-1].start()
+        while not (tmp_path / "leader").exists():
+            time.sleep(0.01)
     for process in processes:
-        process.start()
+        if process.pid is None:
+            process.start()
     got = {item[0]: item[1:] for item in (results.get(timeout=180) for _ in processes)}
     for process in processes:
         process.join(timeout=30)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -41,16 +41,29 @@ class Offer:
     lightning_version: str = ""
     log_every_n_steps: int = 50  # its Trainer's: when its loggers get step values
     pruning: Pruning | None = None  # its trial's, when an Optuna sweeper prunes it
+    # read in the member's process, at its fit (its random stream is its own there)
+    signature: FusionSignature | None = field(init=False, default=None)
 
-    @property
-    def signature(self) -> FusionSignature | None:
+    def __post_init__(self) -> None:
         call = self.call
         if call.reasons or call.member is None or call.shape is None:
-            return None
+            return
         member = call.member
-        return FusionSignature.of(
+        self.signature = FusionSignature.of(
             member.module, call.shape, call.train_loader, call.val_loader, member.optimizer
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # sent without its data: a group trains on one member's loaders, asked for then
+        # (``SendLoaders``), and 32 copies of a dataset would cross the sockets for nothing
+        state = dict(self.__dict__)
+        state["call"] = replace(self.call, train_loader=None, val_loader=None)
+        return state
+
+
+@dataclass(frozen=True)
+class SendLoaders:
+    """Send your training and validation loaders: your group trains on them."""
 
 
 @dataclass(frozen=True)
@@ -111,8 +124,18 @@ def lead(
         else:
             leading.send(key, message)
 
+    def loaders(group: list[str]) -> tuple[Any, Any]:
+        """A group's loaders (its members' are alike): one this process holds, else its
+        first member's, asked for."""
+        for key in group:
+            call = offers[key].call
+            if call.train_loader is not None:
+                return call.train_loader, call.val_loader
+        answer: tuple[Any, Any] = leading.ask(group[0], SendLoaders())
+        return answer
+
     for group in grouping.groups:
-        trained = _train(group, offers, device, tell, keep_every_s, stop_asked)
+        trained = _train(group, offers, loaders(group), device, tell, keep_every_s, stop_asked)
         for key, end in trained.items():
             ends[key] = end
             leading.send(key, end)
@@ -122,6 +145,7 @@ def lead(
 def _train(
     group: list[str],
     offers: dict[str, Offer],
+    data: tuple[Any, Any],
     device: torch.device | None,
     tell: Callable[[str, EpochEnd], None],
     keep_every_s: float,
@@ -167,8 +191,8 @@ def _train(
     outcome = fused_fit(
         members,
         first.shape,
-        first.train_loader,
-        first.val_loader,
+        data[0],
+        data[1],
         observer,
         device,
         on_epoch=epoch_done,

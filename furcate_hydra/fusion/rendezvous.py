@@ -69,6 +69,21 @@ class Leading:
                 except OSError:
                     log.info("furcate: fused member %s ended before its end was sent", key)
 
+    def ask(self, key: str, message: Any) -> Any:
+        """Send member ``key`` a question and wait for its answer.
+
+        Raises:
+            RendezvousError: the member's process ended.
+        """
+        for member in self.members:
+            if member.key == key and member.connection is not None:
+                try:
+                    _send(member.connection, message)
+                    return _receive(member.connection)
+                except (OSError, EOFError):
+                    raise RendezvousError(f"member {key} ended before it answered") from None
+        raise RendezvousError(f"member {key} has no line to the leader")
+
     def close(self) -> None:
         for member in self.members:
             if member.connection is not None:

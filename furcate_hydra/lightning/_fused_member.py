@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from furcate_hydra import env_vars
-from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, Trained, lead
+from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, SendLoaders, Trained, lead
 from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
 from furcate_hydra.fusion.fused_fit import FusedFitStopped
 from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
@@ -121,8 +121,11 @@ def join_group(
     try:
         joined = join(group.directory, group.key, group.size, offer, group.gather_s)
         if isinstance(joined, Following):
-            while isinstance(message := joined.receive(), EpochEnd):
-                on_epoch(message)
+            while isinstance(message := joined.receive(), EpochEnd | SendLoaders):
+                if isinstance(message, SendLoaders):
+                    joined.send((offer.call.train_loader, offer.call.val_loader))
+                else:
+                    on_epoch(message)
             joined.connection.close()
             return message  # type: ignore[no-any-return]
         try:
