@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from furcate_hydra import env_vars
 from furcate_hydra.layout import JobPaths
+from furcate_hydra.progress import read_progress
 from furcate_hydra.store import Tags
 from tests.conftest import APPS, run_cli
 from tests.process_helpers import still_alive, wait_for
@@ -170,6 +171,9 @@ def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never
     )  # fmt: skip
     wait_for(lambda: all(epochs_kept(work / "first" / str(j)) >= 2 for j in range(4)), first,
              "two epochs of every member kept")  # fmt: skip
+    for j in range(4):  # what the live view and `furcate status` show while the group trains
+        shown = read_progress(work / "first" / str(j) / JobPaths.PROGRESS)
+        assert shown is not None and shown.epoch >= 1 and "val_loss" in shown.metrics
     jobs = [child.pid for child in psutil.Process(first.pid).children(recursive=True)]
     first.kill()  # the launcher alone, as the OOM killer would
     first.wait(timeout=60)

@@ -40,6 +40,7 @@ from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_training import JobTraining
 from furcate_hydra.lightning._pruning import OptunaPruning
 from furcate_hydra.preemption import JobPreempted
+from furcate_hydra.progress import write_progress
 
 log = logging.getLogger("furcate_hydra.lightning")
 
@@ -239,8 +240,11 @@ def keep_epoch(trainer: Any, training: JobTraining, end: EpochEnd) -> None:
         **checkpoint.get("callbacks", {}),
         training.history.state_key: training.history.state_dict(),
     }
-    epochs_done = int(checkpoint["epoch"])
-    training.checkpoint.save_state(checkpoint, epochs_done - 1, int(checkpoint["global_step"]))
+    epochs_done, step = int(checkpoint["epoch"]), int(checkpoint["global_step"])
+    training.checkpoint.save_state(checkpoint, epochs_done - 1, step)
+    if end.log.epochs:  # what the sweep's live view and `furcate status` show of the job
+        latest = end.log.epochs[-1]
+        write_progress(training.env.paths.progress, latest.epoch, latest.step, latest.metrics)
 
 
 def fit_in_group(
