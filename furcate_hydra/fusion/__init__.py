@@ -18,7 +18,8 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     member_progress.py how far a member trained, counted as Lightning's fit loop counts
     member_checkpoint.py  a member's own Lightning checkpoint, as its own run would save it
     final_metrics.py   a member's callback_metrics at the end, named as Lightning names them
-    member_stopping.py each member's own EarlyStopping, judging its own values
+    member_stopping.py each member's own EarlyStopping and Optuna pruning, on its own values
+    member_records.py  what each member's loggers and history get, at Lightning's steps
     signature.py       what the members of a group share
     refusals.py        why a module cannot be fused, read from it: one line per reason
     probe.py           why it cannot, shown by running one step
