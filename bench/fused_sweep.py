@@ -16,6 +16,8 @@ config on this CPU.
 
     python bench/fused_sweep.py                          # 16 configs, 3 and 30 epochs
     python bench/fused_sweep.py --configs 8 --epochs 3 30 100
+    python bench/fused_sweep.py --accelerator cuda --configs 32 --epochs 30   # on a GPU: one
+        slot, so the anchor is one job at a time on the GPU (the issue's goal there: 30x)
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def grid(configs: int) -> list[str]:
     return [f"lr={','.join(lrs)}", f"weight_decay={','.join(decays)}"]
 
 
-def sweep(work: Path, store: Path, mode: str, configs: int, epochs: int) -> dict[str, Any]:
+def sweep(
+    work: Path, store: Path, mode: str, configs: int, epochs: int, accelerator: str = "cpu"
+) -> dict[str, Any]:
     """One sweep of the grid with ``fuse=mode``: its times and each job's returned value."""
     db = work / f"{mode}.db"
     shutil.copyfile(store, db)
@@ -58,6 +62,7 @@ def sweep(work: Path, store: Path, mode: str, configs: int, epochs: int) -> dict
         [
             f"hydra.launcher.fuse={mode}",
             f"epochs={epochs}",
+            f"accelerator={accelerator}",
             f"hydra.sweep.dir={sweep_dir}",
             *grid(configs),
         ],
@@ -115,6 +120,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--configs", type=int, default=16)
     parser.add_argument("--epochs", type=int, nargs="+", default=[3, 30])
+    parser.add_argument(
+        "--accelerator", default="cpu", help="the app's Trainer's: cpu, or cuda on a GPU"
+    )
     args = parser.parse_args()
     at_start = machine()
     rows = []
@@ -122,13 +130,14 @@ def main() -> None:
         work = Path(tmp)
         store = empty_store(work / "empty.db")
         for epochs in args.epochs:
-            alone = sweep(work, store, "off", args.configs, epochs)
-            fused = sweep(work, store, "auto", args.configs, epochs)
+            alone = sweep(work, store, "off", args.configs, epochs, args.accelerator)
+            fused = sweep(work, store, "auto", args.configs, epochs, args.accelerator)
             diff = max(abs(fused["values"][k] - alone["values"][k]) for k in alone["values"])
             rows.append(
                 {
                     "configs": args.configs,
                     "epochs": epochs,
+                    "accelerator": args.accelerator,
                     "alone": {k: v for k, v in alone.items() if k != "values"},
                     "fused": {k: v for k, v in fused.items() if k != "values"},
                     "command_ratio": round(fused["command_s"] / alone["command_s"], 3),

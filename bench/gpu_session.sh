@@ -7,6 +7,7 @@
 #     bash bench/gpu_session.sh           # all: facts, tests, bench                 (~7 min)
 #     bash bench/gpu_session.sh tests     # facts, tests                             (~3.5 min)
 #     bash bench/gpu_session.sh bench     # facts, a warm-up sweep, the bench        (~7 min)
+#     bash bench/gpu_session.sh fused     # facts, fused trials on the GPU           (~5 min)
 #
 # The steps write into $OUT (default ./gpu-session-out) as they go, 6 files in all (a machine
 # that hands back at most 8 hands back every one):
@@ -21,6 +22,10 @@
 #          its sweep and writes what it measured; its cases are ordered so that a cut run keeps
 #          the anchors, auto, the biggest counts and out-of-memory)
 #                                        gpu_packing_bench.json, gpu_packing_bench.md, gpu-bench.log
+#   fused  (its own call) bench/fused_training.py --device cuda (the fused loop against one fit
+#          per config, MLP at 8/32/128) and bench/fused_sweep.py --accelerator cuda (32 tiny
+#          configs through the CLI on the GPU, fuse=auto against one job at a time), each
+#          under `timeout`                  fused-training.log, fused-sweep.log, fused_*.json
 # The exit status: 3 where the project does not import, else the tests' where they failed,
 # else the bench's.
 set -uo pipefail
@@ -78,6 +83,17 @@ bench() {
     return "${PIPESTATUS[0]}"
 }
 
+fused() {
+    timeout -k 20 120 python3 bench/fused_training.py --device cuda --models mlp \
+        --sizes 8 32 128 2>&1 | tee "$OUT/fused-training.log"
+    cp bench/results/fused_training.json "$OUT/" 2>/dev/null
+    timeout -s INT -k 20 "$(($(left) - 10))" python3 bench/fused_sweep.py --accelerator cuda \
+        --configs 32 --epochs 30 2>&1 | tee "$OUT/fused-sweep.log"
+    local code=${PIPESTATUS[0]}
+    cp bench/results/fused_sweep.json "$OUT/" 2>/dev/null
+    return "$code"
+}
+
 step() {  # step NAME COMMAND...: run it, say how long it took and how it ended
     local began=$SECONDS code
     "${@:2}"
@@ -89,6 +105,7 @@ step() {  # step NAME COMMAND...: run it, say how long it took and how it ended
 case "${1:-all}" in
     tests) step facts facts && step tests tests ;;
     bench) step facts facts && step bench bench "" ;;
+    fused) step facts facts && step fused fused ;;
     all)
         step facts facts || exit $?
         step tests tests
@@ -99,5 +116,5 @@ case "${1:-all}" in
         [ "$tested" != 0 ] && exit "$tested"
         exit "$benched"
         ;;
-    *) echo "usage: bash bench/gpu_session.sh [all|tests|bench]" >&2; exit 2 ;;
+    *) echo "usage: bash bench/gpu_session.sh [all|tests|bench|fused]" >&2; exit 2 ;;
 esac
