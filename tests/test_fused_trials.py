@@ -71,7 +71,7 @@ def histories(store: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
 def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
     tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
 ) -> None:
-    grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "early_stop=true", "epochs=8"]
+    grid = ["lr=0.003,0.05", "weight_decay=0.0,0.1", "early_stop=true", "epochs=8"]
     work = tmp_path
     fused_dir, said = sweep(work, "fused", "hydra.launcher.fuse=auto", *grid)
     # the same grid, one process per config, into a store of its own
@@ -126,6 +126,7 @@ def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
         artifacts = {a.path for a in MlflowClient(mlflow_store).list_artifacts(run.info.run_id)}
         assert {"history.json", "checkpoints", "plots"} <= artifacts
     assert "4 finished" in said
+    assert min(stopped_at) < 8 and len(stopped_at) > 1  # each stopped where its run did
     # the same command again: every config is recorded, none trains
     _, again = sweep(work, "again", "hydra.launcher.fuse=auto", *grid)
     assert "4 skipped" in again, again

@@ -86,6 +86,8 @@ class ExactResume(CallbackBase):
         if source is None or not callable(request):
             self.not_exact = "this Lightning version does not let fit reach the train data"
             return
+        if isinstance(request, _ResumableRequest):
+            return  # attached already (a fused group's member that then fits alone)
         source.dataloader = _ResumableRequest(self, request)
 
     def _remake(self, loader: Any) -> Any:
