@@ -240,11 +240,12 @@ def keep_epoch(trainer: Any, training: JobTraining, end: EpochEnd) -> None:
         **checkpoint.get("callbacks", {}),
         training.history.state_key: training.history.state_dict(),
     }
-    epochs_done, step = int(checkpoint["epoch"]), int(checkpoint["global_step"])
-    training.checkpoint.save_state(checkpoint, epochs_done - 1, step)
     if end.log.epochs:  # what the sweep's live view and `furcate status` show of the job
         latest = end.log.epochs[-1]
         write_progress(training.env.paths.progress, latest.epoch, latest.step, latest.metrics)
+    # last: once the checkpoint is there, all else of the epoch is
+    epochs_done, step = int(checkpoint["epoch"]), int(checkpoint["global_step"])
+    training.checkpoint.save_state(checkpoint, epochs_done - 1, step)
 
 
 def fit_in_group(
