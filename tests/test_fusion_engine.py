@@ -485,6 +485,16 @@ def test_what_acts_inside_training_is_a_reason_to_run_alone() -> None:
     assert reasons(_member(0, 1e-3, 0.0), [train, val]) == [
         "its training data is a list, not one DataLoader"
     ]
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    checkpoints = {**QUIET, "enable_checkpointing": True}
+    best = L.Trainer(**checkpoints, max_epochs=2, callbacks=[ModelCheckpoint(monitor="val_loss")])
+    assert reasons(_member(0, 1e-3, 0.0), train, val, on=best) == [
+        "its ModelCheckpoint keeps the best checkpoints by val_loss"
+    ]
+    # Lightning's own default one (the latest epoch's checkpoint) is no reason
+    default = L.Trainer(**checkpoints, max_epochs=2)
+    assert reasons(_member(0, 1e-3, 0.0), train, val, on=default) == []
 
 
 def test_every_form_of_configure_optimizers_lightning_accepts_is_read() -> None:

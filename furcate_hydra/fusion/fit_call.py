@@ -175,6 +175,9 @@ def _trainer_refusals(trainer: Any) -> list[str]:
         known = kind.__name__ in KNOWN_CALLBACKS and is_lightning(kind)
         if not known:
             reasons.append(f"its callback {kind.__name__} acts during training")
+        elif kind.__name__ == "ModelCheckpoint" and getattr(callback, "monitor", None):
+            # its best checkpoints are its epochs' own, which a group keeps no file of
+            reasons.append(f"its ModelCheckpoint keeps the best checkpoints by {callback.monitor}")
     return reasons
 
 
