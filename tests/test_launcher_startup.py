@@ -159,7 +159,7 @@ def test_a_fork_sets_aside_the_stores_it_inherited_and_opens_its_own(mlflow_stor
     os.close(writer)
     answer = os.read(reader, 100).decode()
     os.waitpid(pid, 0)
-    count, opened_after = answer.split()
-    assert int(count) >= 1 and opened_after == "True"
+    set_aside, fresh = answer.split()
+    assert int(set_aside) >= 1 and fresh == "True"
     assert database_opened()  # this process's own are untouched
     MlflowClient(mlflow_store).search_experiments()
