@@ -51,6 +51,26 @@ def job_log(job_dir: Path) -> str:
     return "".join((job_dir / name).read_text() for name in ("stdout.log", "stderr.log"))
 
 
+def sweep_alone(work: Path, empty_store: Path, *overrides: str) -> str:
+    """The same grid one process per config (``fuse=off``) into ``work/alone``, recording
+    into an empty store of its own (else it would skip): that store's URI."""
+    shutil.copyfile(empty_store, work / "alone.db")
+    store = f"sqlite:///{work / 'alone.db'}"
+    result = run_cli(
+        APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={work / 'alone'}",
+        *overrides, cwd=work, env={**os.environ, "MLFLOW_TRACKING_URI": store},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return store
+
+
+def assert_same_weights(job_dir: Path, alone_dir: Path, config: object) -> None:
+    """The weights the app saved after fit are the unfused run's, bitwise (no tolerance)."""
+    mine, theirs = torch.load(job_dir / "weights.pt"), torch.load(alone_dir / "weights.pt")
+    for name, tensor in theirs.items():
+        assert torch.equal(mine[name], tensor), (config, name)
+
+
 def by_overrides(store: str) -> dict[tuple[str | None, ...], Any]:
     """The jobs' runs by their config (lr, weight_decay, batch_size, module)."""
     runs: dict[tuple[str | None, ...], Any] = {}
@@ -74,14 +94,7 @@ def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
     grid = ["lr=0.003,0.05", "weight_decay=0.0,0.1", "early_stop=true", "epochs=8"]
     work = tmp_path
     fused_dir, said = sweep(work, "fused", "hydra.launcher.fuse=auto", *grid)
-    # the same grid, one process per config, into a store of its own
-    alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
-    shutil.copyfile(empty_mlflow_db, tmp_path / "alone.db")
-    result = run_cli(
-        APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={work / 'alone'}",
-        *grid, cwd=work, env={**os.environ, "MLFLOW_TRACKING_URI": alone_store},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    alone_store = sweep_alone(work, empty_mlflow_db, *grid)
     fused_runs, alone_runs = by_overrides(mlflow_store), by_overrides(alone_store)
     assert len(fused_runs) == 4 and fused_runs.keys() == alone_runs.keys()
     assert not {r.info.run_id for r in fused_runs.values()} & {
@@ -95,10 +108,7 @@ def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
         alone_dir = Path(alone.data.tags[Tags.OUTPUT_DIR])
         assert job_dir.parent == fused_dir
         assert "furcate: fused: trained with 4 member(s) in one process" in job_log(job_dir)
-        mine = torch.load(job_dir / "weights.pt")
-        theirs = torch.load(alone_dir / "weights.pt")
-        for name, tensor in theirs.items():  # bitwise, no tolerance
-            assert torch.equal(mine[name], tensor), (config, name)
+        assert_same_weights(job_dir, alone_dir, config)
         history = json.loads((job_dir / JobPaths.HISTORY).read_text())
         alone_history = json.loads((alone_dir / JobPaths.HISTORY).read_text())
         assert [(r["epoch"], r["step"]) for r in history] == [
@@ -183,13 +193,7 @@ def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never
 
     _, said = sweep(work, "second", "hydra.launcher.fuse=auto", *grid)
     assert "4 finished" in said
-    alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
-    shutil.copyfile(empty_mlflow_db, tmp_path / "alone.db")
-    result = run_cli(
-        APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={work / 'alone'}",
-        *grid[:-1], cwd=work, env={**os.environ, "MLFLOW_TRACKING_URI": alone_store},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    alone_store = sweep_alone(work, empty_mlflow_db, *grid[:-1])
     resumed, alone = by_overrides(mlflow_store), by_overrides(alone_store)
     assert len(resumed) == 4
     for config, run in resumed.items():
@@ -198,9 +202,7 @@ def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never
         assert job_dir.parent == work / "second"
         assert "furcate: not fused: it resumes from its checkpoint" in job_log(job_dir)
         alone_dir = Path(alone[config].data.tags[Tags.OUTPUT_DIR])
-        mine, theirs = torch.load(job_dir / "weights.pt"), torch.load(alone_dir / "weights.pt")
-        for name, tensor in theirs.items():
-            assert torch.equal(mine[name], tensor), (config, name)
+        assert_same_weights(job_dir, alone_dir, config)
         # the epochs its group trained before the kill are in its run, and the rest after it
         got = histories(mlflow_store, run.info.run_id)["val_loss"]
         want = histories(alone_store, alone[config].info.run_id)["val_loss"]
@@ -283,22 +285,13 @@ def test_a_preempted_group_is_queued_again_and_every_member_resumes_from_its_las
     assert launcher.returncode == 0, output
     assert "4 finished" in output, output
 
-    alone_store = f"sqlite:///{tmp_path / 'alone.db'}"
-    shutil.copyfile(empty_mlflow_db, tmp_path / "alone.db")
-    result = run_cli(
-        APP, "-m", FURCATE, "hydra.launcher.max_workers=1", f"hydra.sweep.dir={tmp_path / 'alone'}",
-        *grid[:-1], cwd=tmp_path, env={**os.environ, "MLFLOW_TRACKING_URI": alone_store},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    alone = by_overrides(alone_store)
+    alone = by_overrides(sweep_alone(tmp_path, empty_mlflow_db, *grid[:-1]))
     for config, run in by_overrides(mlflow_store).items():
         job_dir = Path(run.data.tags[Tags.OUTPUT_DIR])
         said = job_log(job_dir)  # its last attempt's: queued again alone, it resumed
         assert f"Trainer gets resume from {job_dir / JobPaths.CHECKPOINTS}/epoch=" in said, said
         assert run.data.tags[Tags.PREEMPTIONS] == "1"  # queued again once, into its own run
-        mine = torch.load(job_dir / "weights.pt")
-        theirs = torch.load(Path(alone[config].data.tags[Tags.OUTPUT_DIR]) / "weights.pt")
-        for name, tensor in theirs.items():
-            assert torch.equal(mine[name], tensor), (config, name)
+        alone_dir = Path(alone[config].data.tags[Tags.OUTPUT_DIR])
+        assert_same_weights(job_dir, alone_dir, config)
         history = json.loads((job_dir / JobPaths.HISTORY).read_text())
         assert [row["epoch"] for row in history] == [0, 1, 2, 3]
