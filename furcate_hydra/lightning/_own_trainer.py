@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from furcate_hydra.lightning._fit import building_in_fit
-from furcate_hydra.lightning._fused_member import fit_in_group
+from furcate_hydra.lightning._fused_member import GroupEnv, fit_in_group
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import JobTraining, ResumePoint
 from furcate_hydra.lightning._logger import RunBinding, bound_class, bound_logger, job_arguments
@@ -123,10 +123,12 @@ def _trainer_fit(original: Callable[..., None], trainer: Any, *args: Any, **kwar
             arguments["ckpt_path"] = str(resume.path)
             if "weights_only" in arguments:  # furcate's files hold the RNG states too
                 arguments["weights_only"] = False
-    with training.fitting(trainer, namespace):
-        fused = fit_in_group(
-            original, trainer, training, arguments, resume is not None or bool(chosen)
-        )
+    fused = None
+    if GroupEnv.from_environ() is not None:  # the rendezvous, under the preemption watch
+        with training.fitting(trainer, namespace):
+            fused = fit_in_group(
+                original, trainer, training, arguments, resume is not None or bool(chosen)
+            )
     if fused is not None:
         _say_once(trainer, namespace, training, f"training in a fused group of {len(fused.group)}")
         training.checkpoint.save(trainer)  # its end, as its run's last checkpoint
