@@ -145,7 +145,9 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
     arguments = {"model": module, "train_dataloaders": train, "val_dataloaders": val}
     end = join_group(group, trainer, arguments, None, epochs.append)
     if isinstance(end, Trained):
-        assert [e.checkpoint["epoch"] for e in epochs] == [1, 2, 3][: len(epochs)]
+        # epochs are kept every few seconds, not each one: under load some are kept together
+        kept = [e.checkpoint["epoch"] for e in epochs]
+        assert kept == sorted(set(kept)) and set(kept) <= {1, 2, 3}
         told = [r.epoch for e in epochs for r in e.log.epochs] + [r.epoch for r in end.log.epochs]
         assert told == [0, 1, 2]  # every epoch once: kept as it came, or with the end
         module.load_state_dict(end.checkpoint["state_dict"])
