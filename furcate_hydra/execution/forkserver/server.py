@@ -76,7 +76,7 @@ _ORPHAN_GRACE_S = 5.0
 class _Job:
     start: Start
     pid: int
-    pidfd: int
+    pidfd: int | None  # until it has exited: its number is free then, and may be reused
     tees: list[OutputTee]
     placement: Placement | None  # None while forked ahead, waiting for a slot
     gate_fd: int | None = None  # the write end of its gate, while it waits
@@ -296,8 +296,12 @@ class ForkServer:
         # have been reused: kill the group's leftovers (DataLoader workers) before reaping.
         _killpg(job.pid, signal.SIGKILL)
         _, status = os.waitpid(job.pid, 0)
+        assert job.pidfd is not None
         self.selector.unregister(job.pidfd)
         os.close(job.pidfd)
+        # it stays a job until its output is drained: its handle must not be taken for one
+        # the server still holds (a job forked meanwhile would close its own pipe by that number)
+        job.pidfd = None
         self._drop_ahead(job)  # one that died waiting never had a slot
         self._on_done(job)  # one that crashed did not say it was done
         job.wait_status = status
@@ -314,8 +318,7 @@ class ForkServer:
     def _owned_fds(self) -> list[int]:
         fds = [self.conn.fileno(), self.selector.fileno()]
         for job in self.jobs.values():
-            fds.append(job.pidfd)
-            fds.extend(fd for fd in (job.gate_fd, job.done_fd) if fd is not None)
+            fds.extend(fd for fd in (job.pidfd, job.gate_fd, job.done_fd) if fd is not None)
             for tee in job.tees:
                 fds.extend(tee.server_fds())
         return fds

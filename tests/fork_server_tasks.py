@@ -1,0 +1,38 @@
+"""Warm contexts for tests that drive the fork server through its own protocol."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+# descriptors the server holds for the test, by name (the server's own process)
+_HELD: dict[str, int] = {}
+
+
+class DetachingContext:
+    """Each job leaves a process of another session holding its stdout and stderr open for
+    ``hold_s`` after the job has exited (a daemon the job started, say), then returns its
+    payload as text.
+
+    In the server, ``prepare`` opens a descriptor named ``hold`` and keeps it, or closes the
+    one named ``release``: what a launcher's object the server inherited does when it is
+    collected there, leaving a free number below the jobs' own."""
+
+    def __init__(self, hold_s: float, hold: str | None = None, release: str | None = None):
+        self.hold_s = hold_s
+        self.hold = hold
+        self.release = release
+
+    def prepare(self) -> None:
+        if self.hold is not None:
+            _HELD[self.hold] = os.open(os.devnull, os.O_RDONLY)
+        if self.release is not None:
+            os.close(_HELD.pop(self.release))
+
+    def run(self, payload: bytes, gate: Callable[[], None]) -> str:
+        gate()
+        code = f"import time; time.sleep({self.hold_s})"
+        subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        return payload.decode()
