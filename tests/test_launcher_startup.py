@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -114,16 +115,51 @@ def test_the_fork_server_is_a_new_interpreter_while_another_thread_runs(
     assert [r.status for r in returns] == [JobStatus.COMPLETED] * 2
 
 
-def test_the_fork_server_is_a_new_interpreter_where_mlflow_has_a_store_open(
+def test_a_fork_server_forked_where_mlflow_has_a_store_open_leaves_its_connections_alone(
     launch_jobs: LaunchJobs, mlflow_store: str
 ) -> None:
-    # a sweeper that read a value back from the store before the first job: its jobs would
-    # find MLflow's cached store in a fork, with this process's database connections
+    # a sweeper that read a value back from the store before the first job: the fork server
+    # is still a fork, which sets this process's cached store aside and opens its own
+    import sqlite3
+
     from mlflow.tracking import MlflowClient
 
-    MlflowClient(mlflow_store).search_experiments()
+    client = MlflowClient(mlflow_store)
+    client.search_experiments()
     assert database_opened()
-    (returned,) = launch_jobs([["+i=0"]], ["hydra.launcher.gpus=[0]"])
+    returns = launch_jobs([["+i=0"], ["+i=1"]], ["hydra.launcher.gpus=[0,1]"])
     pool = launch_jobs.last.session().executor
-    assert isinstance(pool, LocalPool) and not pool.server_forked
-    assert returned.status is JobStatus.COMPLETED
+    assert isinstance(pool, LocalPool) and pool.server_forked
+    assert [r.status for r in returns] == [JobStatus.COMPLETED] * 2
+    # this process's client still works on its own connections, and the file is whole
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments)
+    assert sum(1 for run in runs if run.info.status == "FINISHED") >= 2
+    path = mlflow_store.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_fork_sets_aside_the_stores_it_inherited_and_opens_its_own(mlflow_store: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from furcate_hydra.store import set_aside_inherited_stores
+
+    MlflowClient(mlflow_store).search_experiments()
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork, as the fork server is one
+        try:
+            set_aside = set_aside_inherited_stores()
+            fresh = not database_opened()
+            MlflowClient(mlflow_store).search_experiments()  # a store of its own
+            os.write(writer, f"{set_aside} {fresh}".encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    answer = os.read(reader, 100).decode()
+    os.waitpid(pid, 0)
+    count, opened_after = answer.split()
+    assert int(count) >= 1 and opened_after == "True"
+    assert database_opened()  # this process's own are untouched
+    MlflowClient(mlflow_store).search_experiments()

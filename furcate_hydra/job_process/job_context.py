@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from furcate_hydra.hydra_api.private_names import Callbacks, returned
 from furcate_hydra.job_process.lightning_auto import install_for_job
 from furcate_hydra.job_process.rank_processes import prepare_for_ranks
-from furcate_hydra.store import database_opened
+from furcate_hydra.store import set_aside_inherited_stores
 
 __all__ = [
     "HydraJobContext",
@@ -77,6 +77,8 @@ class HydraJobContext:
 
     def prepare(self) -> None:
         # Done once in the server so every forked job inherits the resolvers and singletons.
+        if self.singleton_state is None:  # a fork of the launcher: its stores stay its own
+            set_aside_inherited_stores()
         setup_globals()
         if self.singleton_state is not None:
             Singleton.set_state(self.singleton_state)
@@ -137,11 +139,9 @@ def fork_context(
     task_function: TaskFunction, hydra_context: HydraContext
 ) -> HydraJobContext | None:
     """What the fork server starts jobs from if it is a fork of this process, asked as it
-    starts: none where MLflow has database connections open here (an earlier launch in this
-    process, a value read back by a sweeper), which its jobs would share. A fork has Hydra's
-    singletons as they are then."""
-    if database_opened():
-        return None
+    starts. A fork has Hydra's singletons as they are then, and sets aside the MLflow stores
+    this process has open (an earlier launch here, a value read back by a sweeper), which its
+    jobs must not share (``prepare``)."""
     return HydraJobContext(task_function, hydra_context, None)
 
 

@@ -9,7 +9,11 @@ from furcate_hydra.store.claims import Claim, ClaimRequest
 from furcate_hydra.store.code_version import CodeChange, CodeVersion, code_version
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
-from furcate_hydra.store.opened_in_process import database_opened, note_store_opened
+from furcate_hydra.store.opened_in_process import (
+    database_opened,
+    note_store_opened,
+    set_aside_inherited_stores,
+)
 from furcate_hydra.store.params import flatten_params
 from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
 from furcate_hydra.store.run_store import RunStore
@@ -38,4 +42,5 @@ __all__ = [
     "launcher_gone",
     "note_store_opened",
     "resolve_tracking_uri",
+    "set_aside_inherited_stores",
 ]
