@@ -265,7 +265,11 @@ def test_a_gpu_job_is_traced_by_pid_over_its_process_tree(
     peaks = tracer.end("1")
     tracer.close()
     assert peaks is not None and (peaks.gpu_mem_mb, peaks.gpu_util_percent) == (700.0, 37.0)
-    assert {s.gpu_mem_mb for s in read_trace(paths.trace)} == {700.0}
+    # the worker's memory from the first sample on; none once it has exited, which a sample
+    # between its exit and its parent's (a loaded machine's) may see
+    held = [s.gpu_mem_mb for s in read_trace(paths.trace)]
+    assert held[0] == 700.0 and set(held) <= {700.0, 0.0}, held
+    assert held == sorted(held, reverse=True), held  # 0.0 only after the worker is gone
     names = {name for *_, values in sink.metrics for name in values}
     assert {"job/gpu_mem_mb", "job/gpu_util_percent"} <= names
 
