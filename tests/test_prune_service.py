@@ -4,6 +4,7 @@ study it holds. Real sqlite Optuna storage, real HTTP server and client."""
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 import warnings
@@ -43,6 +44,7 @@ def study(tmp_path: Path) -> optuna.Study:
 @pytest.fixture
 def service() -> Iterator[PruneService]:
     service = PruneService()
+    service.serve()
     yield service
     service.stop()
 
@@ -189,3 +191,38 @@ def test_a_sweep_prunes_through_its_service_on_this_machine(tmp_path: Path) -> N
     for path in (tmp_path / "sweep").glob("*/reported.json"):
         reported = json.loads(path.read_text())
         assert reported["reported"], path
+
+
+def test_a_service_never_asked_to_serve_stops_at_once() -> None:
+    service = PruneService()
+    service.stop()  # its thread never started: nothing to wait for
+    with pytest.raises(urllib.error.URLError):
+        post(service.url, {"trial": 0, "step": 0, "value": 1.0})
+
+
+@pytest.mark.parametrize("asynchronous", ["true", "false"])
+def test_a_study_that_prunes_here_forks_its_launchers_server_first(
+    run_study_in_process: Any, monkeypatch: pytest.MonkeyPatch, asynchronous: str
+) -> None:
+    """The prune service's thread starts after the launcher's fork server: the server is
+    then a fork of the sweeper's process, not a new interpreter importing it all again."""
+    from furcate_hydra.execution.forkserver.fork import spawn_server as new_interpreter
+
+    spawned: list[str] = []
+
+    def spawn_server(*args: Any) -> Any:
+        spawned.append(str([thread.name for thread in threading.enumerate()]))
+        return new_interpreter(*args)
+
+    # where the launcher's client looks it up
+    monkeypatch.setattr("furcate_hydra.execution.forkserver.client.spawn_server", spawn_server)
+    run_study_in_process(
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.monitor=loss",
+        f"hydra.sweeper.asynchronous={asynchronous}",
+        "+prune_at=3",
+    )
+    assert spawned == []
+    study = optuna.load_study(study_name="optuna_app", storage="sqlite:///optuna.db")
+    states = [trial.state for trial in study.get_trials(deepcopy=False)]
+    assert states == [optuna.trial.TrialState.PRUNED] * 2  # the service answered its jobs

@@ -84,6 +84,12 @@ class StreamingLauncher(Protocol):
         every job stopped on Ctrl-C or SIGTERM, the sweep's run data written at the end."""
         ...
 
+    def warm_up(self) -> None:
+        """Start the slots' pool and open the store now, not at the first job that runs (inside
+        ``streaming``): a sweeper does so before it starts a thread of its own, so that the
+        launcher's warm fork server is still a fork of this process."""
+        ...
+
     def submit_batch(self, jobs: Sequence[JobRequest]) -> list[str]:
         """Queue jobs with one store lookup for all of them; returns their keys."""
         ...

@@ -38,7 +38,11 @@ _LOOPBACK = "127.0.0.1"
 
 class PruneService:
     """Answers the jobs of the trials ``add``-ed, until ``stop``: report each epoch's value to
-    the trial and say whether the study's pruner stops it. ``url`` is what jobs are given."""
+    the trial and say whether the study's pruner stops it. ``url`` is what jobs are given.
+
+    It listens from the start but serves from ``serve``, or the first ``add``: its thread
+    starts then, so that the launcher can still fork its server from this process before (a
+    fork copies one thread, so the launcher forks only where no other runs)."""
 
     def __init__(self) -> None:
         self._trials: dict[int, optuna.Trial] = {}
@@ -49,13 +53,19 @@ class PruneService:
         self._thread = threading.Thread(
             target=server.serve_forever, name="furcate-prune-service", daemon=True
         )
-        self._thread.start()
         self.url = f"http://{_LOOPBACK}:{server.server_address[1]}{REPORT_PATH}"
+
+    def serve(self) -> None:
+        """Answer reports from now on (once; reports sent before wait to be answered)."""
+        with self._lock:
+            if self._thread.ident is None:  # not started yet
+                self._thread.start()
 
     def add(self, trial: optuna.Trial) -> None:
         """A trial whose job may report from now on."""
         with self._lock:
             self._trials[trial.number] = trial
+        self.serve()
 
     def discard(self, trial: optuna.Trial) -> None:
         """A trial told (or given up): its job reports no more."""
@@ -81,9 +91,10 @@ class PruneService:
         return prune
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.ident is not None:  # shutdown() waits for a serve_forever that never began
+            self._server.shutdown()
+            self._thread.join()
         self._server.server_close()
-        self._thread.join()
 
 
 def _handler_for(service: PruneService) -> type[BaseHTTPRequestHandler]:

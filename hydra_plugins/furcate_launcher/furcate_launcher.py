@@ -94,6 +94,9 @@ class FurcateLauncher(Launcher):
         with self.session().streaming():
             yield
 
+    def warm_up(self) -> None:
+        self.session().warm_up()
+
     def submit_batch(self, jobs: Sequence[JobRequest]) -> list[str]:
         return [job.key for job in self.session().submit_batch(jobs)]
 

@@ -41,6 +41,10 @@ def run_study(
     streaming = sweep.streaming
     if sweep.to_start:
         with sweep.reporting.serving():
+            if sweep.reporting.prunes_here and streaming is not None:
+                # the launcher's fork server first, while this is the process's one thread:
+                # the prune service's starts with the first trial
+                streaming.warm_up()
             if options.asynchronous and streaming is not None:
                 _stream(sweep, streaming)
             else:

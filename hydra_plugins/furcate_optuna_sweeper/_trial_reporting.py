@@ -107,6 +107,12 @@ class TrialReporting:
             self._prune_service.stop()
             self._prune_service = None
 
+    @property
+    def prunes_here(self) -> bool:
+        """Whether this process decides its trials' pruning (a thread of its own serves it
+        from the first trial on)."""
+        return self._prune_service is not None
+
     def env(self, trial: optuna.Trial) -> dict[str, str]:
         """What the job's pruning callback reads to report to its trial (nothing to report
         without a monitored metric)."""
