@@ -178,3 +178,26 @@ def test_mistyped_count_is_refused_through_the_cli(tmp_path: Path) -> None:
     result = run_probe_sweep(tmp_path, "+i=0,1", "hydra.launcher.jobs_per_gpu=two")
     assert result.returncode != 0
     assert "jobs_per_gpu" in result.stderr and "two" in result.stderr
+
+
+@pytest.mark.parametrize("lightning", ["off", "auto"])
+def test_fuse_with_lightning_off_says_an_apps_own_trainer_trains_alone(
+    launch_jobs: Any, caplog: pytest.LogCaptureFixture, lightning: str
+) -> None:
+    # with lightning=off an app's own Trainer.fit is never reached, so its jobs cannot join a
+    # group and no job could say why: the launch says it once, with the fix
+    returns = launch_jobs(
+        [["+i=0"], ["+i=1"]],
+        [
+            "hydra.launcher.gpus=[0]",
+            "hydra.launcher.fuse=auto",
+            f"hydra.launcher.lightning={lightning}",
+        ],
+    )
+    from hydra.core.utils import JobStatus
+
+    assert [r.status for r in returns] == [JobStatus.COMPLETED] * 2  # a warning, not an error
+    warned = "a Trainer the task builds itself trains alone" in caplog.text
+    assert warned == (lightning == "off"), caplog.text
+    if warned:
+        assert "set hydra.launcher.lightning=auto" in caplog.text

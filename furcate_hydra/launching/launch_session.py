@@ -36,6 +36,7 @@ from furcate_hydra.execution import interrupts
 from furcate_hydra.execution.job import Job
 from furcate_hydra.hydra_api.options import as_option_error
 from furcate_hydra.job_process.job_context import HydraJobContext, context_blob, fork_context
+from furcate_hydra.job_process.lightning_auto import OFF as LIGHTNING_OFF
 from furcate_hydra.launching.backends import gpu_packing, plan_for, start_executor
 from furcate_hydra.launching.compose import SweepComposer
 from furcate_hydra.launching.job_dirs import check_job_name
@@ -88,6 +89,13 @@ class LaunchSession:
         if self.slurm is not None:
             log.info("furcate: in %s", self.slurm.job.describe())
         log.info("furcate: %s", plan.describe())
+        if options.pool.fuse_max > 1 and options.training.lightning == LIGHTNING_OFF:
+            # the app's own Trainer is then never reached: its jobs would run alone unsaid
+            log.warning(
+                "furcate: hydra.launcher.fuse=auto with hydra.launcher.lightning=off fuses only "
+                "jobs that train through furcate's fit; a Trainer the task builds itself trains "
+                "alone (set hydra.launcher.lightning=auto to fuse those too)"
+            )
         self._context = self._context_blob()
         self.packing = gpu_packing(plan, options.slots)  # None for CPU and Ray slots
         slots = len(plan.slots) if self.packing is None else self.packing.open_slots()
