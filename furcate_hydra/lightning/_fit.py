@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.lightning._banners import lightning_banners
-from furcate_hydra.lightning._fused_member import fit_in_group
+from furcate_hydra.lightning._fused_member import GroupEnv, fit_in_group
 from furcate_hydra.lightning._history import scalar_metrics
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import CHECKPOINT_ARTIFACT_DIR, JobTraining
@@ -184,8 +184,12 @@ def fit(
             "val_dataloaders": val_dataloaders,
             "datamodule": datamodule,
         }
+        group = GroupEnv.from_environ()
         with training.fitting(trainer, namespace):
-            fused = fit_in_group(type(trainer).fit, trainer, training, data, resume is not None)
+            fused = None
+            if group is not None:
+                resumes = resume is not None
+                fused = fit_in_group(group, type(trainer).fit, trainer, training, data, resumes)
             if fused is not None:
                 training.checkpoint.save(trainer)  # its end, as its run's last checkpoint
             else:

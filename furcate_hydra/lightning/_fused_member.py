@@ -249,18 +249,16 @@ def keep_epoch(trainer: Any, training: JobTraining, end: EpochEnd) -> None:
 
 
 def fit_in_group(
+    group: GroupEnv,
     fit: Callable[..., Any],
     trainer: Any,
     training: JobTraining,
     arguments: dict[str, Any],
     resumes: bool,
 ) -> Trained | None:
-    """In a job of a fused group: bring ``trainer.fit``'s ``arguments`` to it and, when the
-    group trained this member, end the fit as its own run (``fit``: Lightning's, unwrapped)
+    """In a job of the fused ``group``: bring ``trainer.fit``'s ``arguments`` to it and, when
+    the group trained this member, end the fit as its own run (``fit``: Lightning's, unwrapped)
     and log what its run would have. None: not fused (why is logged), the caller fits."""
-    group = GroupEnv.from_environ()
-    if group is None:
-        return None
     refusal = "it resumes from its checkpoint" if resumes else None
     try:
         end = join_group(

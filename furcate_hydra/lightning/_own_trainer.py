@@ -124,11 +124,11 @@ def _trainer_fit(original: Callable[..., None], trainer: Any, *args: Any, **kwar
             if "weights_only" in arguments:  # furcate's files hold the RNG states too
                 arguments["weights_only"] = False
     fused = None
-    if GroupEnv.from_environ() is not None:  # the rendezvous, under the preemption watch
+    group = GroupEnv.from_environ()
+    if group is not None:  # the rendezvous, under the preemption watch
         with training.fitting(trainer, namespace):
-            fused = fit_in_group(
-                original, trainer, training, arguments, resume is not None or bool(chosen)
-            )
+            resumes = resume is not None or bool(chosen)
+            fused = fit_in_group(group, original, trainer, training, arguments, resumes)
     if fused is not None:
         _say_once(trainer, namespace, training, f"training in a fused group of {len(fused.group)}")
         training.checkpoint.save(trainer)  # its end, as its run's last checkpoint
