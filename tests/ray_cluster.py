@@ -207,8 +207,9 @@ class Sockets:
                 name = process.name()
                 who = "launcher" if launcher in process.cmdline() else name
                 connections = process.net_connections(kind="inet")
-                if name == "gcs_server":
-                    self.usage_stats.add(process.environ().get(USAGE_STATS_VAR, "unset"))
+                environ = process.environ() if name == "gcs_server" else None
+                if environ:  # a process that has exited (a zombie) shows an empty environment
+                    self.usage_stats.add(environ.get(USAGE_STATS_VAR, "unset"))
             except psutil.Error:
                 continue
             for conn in connections:
