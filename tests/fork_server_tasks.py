@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 # descriptors the server holds for the test, by name (the server's own process)
 _HELD: dict[str, int] = {}
@@ -31,8 +31,29 @@ class DetachingContext:
         if self.release is not None:
             os.close(_HELD.pop(self.release))
 
+    def before_fork(self, env: Mapping[str, str]) -> None:
+        pass  # nothing to warm: each job's work is its own
+
     def run(self, payload: bytes, gate: Callable[[], None]) -> str:
         gate()
         code = f"import time; time.sleep({self.hold_s})"
         subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
         return payload.decode()
+
+
+class WarmingContext:
+    """Before each job is forked, the server notes the job's ``WARM`` variable; each job
+    returns what the server had noted by then, which it inherited."""
+
+    def __init__(self) -> None:
+        self.noted: list[str] = []
+
+    def prepare(self) -> None:
+        pass  # everything it keeps comes from before_fork
+
+    def before_fork(self, env: Mapping[str, str]) -> None:
+        self.noted.append(env.get("WARM", "-"))
+
+    def run(self, payload: bytes, gate: Callable[[], None]) -> str:
+        gate()
+        return ",".join(self.noted)

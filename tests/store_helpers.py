@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from furcate_hydra.store import LauncherIdentity, Tags
@@ -44,3 +48,42 @@ def exited_launcher() -> LauncherIdentity:
         child.kill()
         child.wait()
     return replace(LauncherIdentity.current(), pid=child.pid, started=started)
+
+
+@contextmanager
+def connections_watched(trace: Path) -> Iterator[None]:
+    """Each database connection an engine opens meanwhile writes into ``trace`` what a process
+    other than its opener (a fork) does with it: takes it from the pool, closes it, or (SQLite)
+    runs a statement on it."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def note(what: str) -> None:
+        with trace.open("a") as out:
+            out.write(f"{os.getpid()} {what}\n")
+
+    def opened(dbapi_connection: Any, record: Any) -> None:
+        opener = record.info["opener"] = os.getpid()
+
+        def traced(statement: str) -> None:
+            if os.getpid() != opener:
+                note(statement)
+
+        if hasattr(dbapi_connection, "set_trace_callback"):
+            dbapi_connection.set_trace_callback(traced)
+
+    def used(what: str) -> Callable[..., None]:
+        def by_another(_dbapi_connection: Any, record: Any, *_: Any) -> None:
+            if record.info.get("opener", os.getpid()) != os.getpid():
+                note(what)
+
+        return by_another
+
+    watchers = [("connect", opened), ("checkout", used("checkout")), ("close", used("close"))]
+    for name, watcher in watchers:
+        event.listen(Engine, name, watcher)
+    try:
+        yield
+    finally:
+        for name, watcher in watchers:
+            event.remove(Engine, name, watcher)

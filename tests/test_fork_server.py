@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import cloudpickle
@@ -18,7 +19,7 @@ from furcate_hydra.execution.forkserver.protocol import (
     Start,
     Started,
 )
-from tests.fork_server_tasks import DetachingContext
+from tests.fork_server_tasks import DetachingContext, WarmingContext
 
 
 def _start(tmp_path: Path, key: str) -> Start:
@@ -73,5 +74,23 @@ def test_a_job_starts_while_an_ended_jobs_output_is_still_held_open(tmp_path: Pa
         report = pickle.loads((tmp_path / "second.result").read_bytes())
         assert isinstance(report, ChildReport) and report.value == "second", errors
         assert isinstance(_until(client, seen, Exited, "first"), Exited)
+    finally:
+        client.terminate()
+
+
+def test_each_job_inherits_what_the_server_warmed_before_forking_it(tmp_path: Path) -> None:
+    client = ForkServerClient([], cloudpickle.dumps(WarmingContext()))
+    seen: list[object] = []
+    try:
+        client.wait_ready()
+        for key in ("first", "second"):
+            client.start(replace(_start(tmp_path, key), env={"WARM": key}))
+            exited = _until(client, seen, Exited, key)
+            assert isinstance(exited, Exited)
+        values = [
+            pickle.loads((tmp_path / f"{key}.result").read_bytes()).value
+            for key in ("first", "second")
+        ]
+        assert values == ["first", "first,second"]
     finally:
         client.terminate()

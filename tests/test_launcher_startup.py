@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,9 @@ from hydra.core.utils import JobStatus
 
 from furcate_hydra.execution.forkserver.names import SERVER_NAME
 from furcate_hydra.execution.local_pool import LocalPool
-from furcate_hydra.store import database_opened
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.process_helpers import killed_if_left, start_probe_sweep, wait_for_descendants
-from tests.store_helpers import job_runs, sweep_runs
+from tests.store_helpers import connections_watched, job_runs, sweep_runs
 
 
 def probed_sweep(tmp_path: Path, sweep: str, *overrides: str) -> tuple[dict[str, Any], str]:
@@ -116,18 +114,20 @@ def test_the_fork_server_is_a_new_interpreter_while_another_thread_runs(
 
 
 def test_a_fork_server_forked_where_mlflow_has_a_store_open_leaves_its_connections_alone(
-    launch_jobs: LaunchJobs, mlflow_store: str
+    launch_jobs: LaunchJobs, mlflow_store: str, tmp_path: Path
 ) -> None:
     # a sweeper that read a value back from the store before the first job: the fork server
-    # is still a fork, which sets this process's cached store aside and opens its own
+    # is still a fork, which sets this process's connections aside; it and its jobs open their own
     import sqlite3
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(mlflow_store)
-    client.search_experiments()
-    assert database_opened()
-    returns = launch_jobs([["+i=0"], ["+i=1"]], ["hydra.launcher.gpus=[0,1]"])
+    trace = tmp_path / "statements-in-forks.txt"
+    with connections_watched(trace):
+        client = MlflowClient(mlflow_store)
+        client.search_experiments()
+        returns = launch_jobs([["+i=0"], ["+i=1"]], ["hydra.launcher.gpus=[0,1]"])
+    assert not trace.exists(), trace.read_text()
     pool = launch_jobs.last.session().executor
     assert isinstance(pool, LocalPool) and pool.server_forked
     assert [r.status for r in returns] == [JobStatus.COMPLETED] * 2
@@ -138,28 +138,3 @@ def test_a_fork_server_forked_where_mlflow_has_a_store_open_leaves_its_connectio
     path = mlflow_store.removeprefix("sqlite:///")
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-
-
-def test_a_fork_sets_aside_the_stores_it_inherited_and_opens_its_own(mlflow_store: str) -> None:
-    from mlflow.tracking import MlflowClient
-
-    from furcate_hydra.store import set_aside_inherited_stores
-
-    MlflowClient(mlflow_store).search_experiments()
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the fork, as the fork server is one
-        try:
-            set_aside = set_aside_inherited_stores()
-            fresh = not database_opened()
-            MlflowClient(mlflow_store).search_experiments()  # a store of its own
-            os.write(writer, f"{set_aside} {fresh}".encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    answer = os.read(reader, 100).decode()
-    os.waitpid(pid, 0)
-    count, opened_after = answer.split()
-    assert int(count) >= 1 and opened_after == "True"
-    assert database_opened()  # this process's own are untouched
-    MlflowClient(mlflow_store).search_experiments()

@@ -7,7 +7,7 @@ import os
 import pickle
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +17,15 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from furcate_hydra import env_vars
 from furcate_hydra.hydra_api.private_names import Callbacks, returned
 from furcate_hydra.job_process.lightning_auto import install_for_job
 from furcate_hydra.job_process.rank_processes import prepare_for_ranks
-from furcate_hydra.store import set_aside_inherited_stores
+from furcate_hydra.store import (
+    build_store_for_forks,
+    load_run_for_forks,
+    set_aside_inherited_connections,
+)
 
 __all__ = [
     "HydraJobContext",
@@ -67,21 +72,38 @@ class HydraJobContext:
     """Task function, Hydra context and singleton state: shipped once, kept warm in the server."""
 
     def __init__(
-        self, task_function: TaskFunction, hydra_context: HydraContext, singleton_state: Any
+        self,
+        task_function: TaskFunction,
+        hydra_context: HydraContext,
+        singleton_state: Any,
+        tracking_uri: str | None = None,
     ) -> None:
         """``singleton_state``: Hydra's, as ``Singleton.get_state()`` took it; None for a
-        fork of the launcher, which has the launcher's state as it is at the fork."""
+        fork of the launcher, which has the launcher's state as it is at the fork.
+        ``tracking_uri``: the sweep's MLflow store, built once in the server for every job."""
         self.task_function = task_function
         self.hydra_context = hydra_context
         self.singleton_state = singleton_state
+        self.tracking_uri = tracking_uri
+        self._runs_loaded = False
 
     def prepare(self) -> None:
         # Done once in the server so every forked job inherits the resolvers and singletons.
-        if self.singleton_state is None:  # a fork of the launcher: its stores stay its own
-            set_aside_inherited_stores()
+        if self.singleton_state is None:  # a fork of the launcher: its connections stay its own
+            set_aside_inherited_connections()
         setup_globals()
         if self.singleton_state is not None:
             Singleton.set_state(self.singleton_state)
+        if self.tracking_uri is not None:
+            build_store_for_forks(self.tracking_uri)
+
+    def before_fork(self, env: Mapping[str, str]) -> None:
+        # once, the first job's run: every later job inherits what loading a run sets up
+        run_id = env.get(env_vars.RUN_ID)
+        if self._runs_loaded or self.tracking_uri is None or run_id is None:
+            return
+        self._runs_loaded = True
+        load_run_for_forks(self.tracking_uri, run_id)
 
     def run(self, payload: bytes, gate: Callable[[], None]) -> JobOutcome:
         # Hydra's set-up (job dir, .hydra/*.yaml, job logging, env_set) comes before the gate:
@@ -136,16 +158,19 @@ def _picklable(value: object) -> bool:
 
 
 def fork_context(
-    task_function: TaskFunction, hydra_context: HydraContext
+    task_function: TaskFunction, hydra_context: HydraContext, tracking_uri: str | None
 ) -> HydraJobContext | None:
     """What the fork server starts jobs from if it is a fork of this process, asked as it
-    starts. A fork has Hydra's singletons as they are then, and sets aside the MLflow stores
-    this process has open (an earlier launch here, a value read back by a sweeper), which its
-    jobs must not share (``prepare``)."""
-    return HydraJobContext(task_function, hydra_context, None)
+    starts. A fork has Hydra's singletons as they are then, and sets aside the database
+    connections this process has open (an earlier launch here, a value read back by a
+    sweeper), which its jobs must not share (``prepare``)."""
+    return HydraJobContext(task_function, hydra_context, None, tracking_uri)
 
 
-def context_blob(task_function: TaskFunction, hydra_context: HydraContext) -> bytes:
-    """What every job's process is started with: the task and Hydra's singletons, pickled."""
-    context = HydraJobContext(task_function, hydra_context, Singleton.get_state())
+def context_blob(
+    task_function: TaskFunction, hydra_context: HydraContext, tracking_uri: str | None
+) -> bytes:
+    """What every job's process is started with: the task, Hydra's singletons and the sweep's
+    MLflow store, pickled."""
+    context = HydraJobContext(task_function, hydra_context, Singleton.get_state(), tracking_uri)
     return bytes(cloudpickle.dumps(context))

@@ -292,10 +292,10 @@ class LaunchSession:
         return len(held)
 
     def _fork_context(self) -> HydraJobContext | None:
-        return fork_context(self.task_function, self.hydra_context)
+        return fork_context(self.task_function, self.hydra_context, self.ledger.tracking_uri)
 
     def _context_blob(self) -> bytes:
-        return context_blob(self.task_function, self.hydra_context)
+        return context_blob(self.task_function, self.hydra_context, self.ledger.tracking_uri)
 
 
 def log_preempted(slurm: SlurmSession, stopped: int, requeued: bool) -> None:

@@ -10,9 +10,9 @@ from furcate_hydra.store.code_version import CodeChange, CodeVersion, code_versi
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.opened_in_process import (
-    database_opened,
-    note_store_opened,
-    set_aside_inherited_stores,
+    build_store_for_forks,
+    load_run_for_forks,
+    set_aside_inherited_connections,
 )
 from furcate_hydra.store.params import flatten_params
 from furcate_hydra.store.run_record import RunRecord, RunStatus, Tags
@@ -34,13 +34,13 @@ __all__ = [
     "RunStore",
     "Tags",
     "TrackingUri",
+    "build_store_for_forks",
     "check_tracking_uri",
     "code_version",
-    "database_opened",
     "decide",
     "flatten_params",
     "launcher_gone",
-    "note_store_opened",
+    "load_run_for_forks",
     "resolve_tracking_uri",
-    "set_aside_inherited_stores",
+    "set_aside_inherited_connections",
 ]

@@ -32,7 +32,6 @@ from furcate_hydra.store.claims import Claim, ClaimRequest, ConfigClaims
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun, decide
 from furcate_hydra.store.liveness import Gone, LauncherIdentity, launcher_gone, liveness
 from furcate_hydra.store.lookup import find_runs, runs_by_id
-from furcate_hydra.store.opened_in_process import note_store_opened
 from furcate_hydra.store.run_record import (
     RETURN_VALUE_ARTIFACT,
     RunRecord,
@@ -82,7 +81,6 @@ class RunStore:
             check_tracking_uri(tracking)
         self.tracking_uri = tracking.uri
         self._sqlite_path = tracking.sqlite_path
-        note_store_opened()
         with creating_store(tracking):
             self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
             if sqlite_index and self._sqlite_path is not None:

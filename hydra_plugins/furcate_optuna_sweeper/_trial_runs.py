@@ -16,7 +16,6 @@ from pathlib import Path
 from optuna.trial import FrozenTrial
 
 from furcate_hydra.known_warnings import ignore_mlflow_sqlalchemy_deprecation
-from furcate_hydra.store import note_store_opened
 
 __all__ = ["RecordedTrial", "TrialRuns", "TrialTags"]
 
@@ -46,7 +45,6 @@ class TrialRuns:
         from mlflow.tracking import MlflowClient
 
         ignore_mlflow_sqlalchemy_deprecation()  # a SQL store warns when MLflow loads it
-        note_store_opened()  # a fork server started later must not be a fork of this process
         self.client = MlflowClient(tracking_uri)
         self.study_name = study_name
 

@@ -7,7 +7,7 @@ does, so one bad payload can only fail its own job.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,13 +35,16 @@ class WarmContext(Protocol):
     """What the server holds between jobs.
 
     ``prepare`` runs once in the server (before any fork), so everything it imports or builds is
-    inherited by every job for free. It must never initialise CUDA. ``run`` runs in the forked
-    child and returns the job's value, which must be picklable; it calls ``gate`` right before
-    the job's own code (which, for a job forked ahead of its slot, waits for the slot and puts
-    the slot's environment in place).
+    inherited by every job for free. It must never initialise CUDA. ``before_fork`` runs in the
+    server before each job is forked, with the job's own variables: what it warms there, every
+    later job inherits. ``run`` runs in the forked child and returns the job's value, which
+    must be picklable; it calls ``gate`` right before the job's own code (which, for a job
+    forked ahead of its slot, waits for the slot and puts the slot's environment in place).
     """
 
     def prepare(self) -> None: ...
+
+    def before_fork(self, env: Mapping[str, str]) -> None: ...
 
     def run(self, payload: bytes, gate: Callable[[], None]) -> Any: ...
 

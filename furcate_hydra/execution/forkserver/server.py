@@ -219,6 +219,7 @@ class ForkServer:
         except OSError as exc:
             self._send(StartFailed(start.key, f"cannot open the job's log files: {exc}"))
             return
+        self.context.before_fork(start.env)
         sys.stdout.flush()
         sys.stderr.flush()
         gate_read, gate_write = os.pipe() if start.placement is None else (None, None)
