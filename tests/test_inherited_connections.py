@@ -5,6 +5,8 @@ use that store on connections of their own."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -127,3 +129,31 @@ def test_a_store_that_cannot_be_opened_is_left_to_the_job(tmp_path: Path) -> Non
     load_run_for_forks(uri, "0" * 32)
     with pytest.raises(Exception, match="nosuchscheme"):
         MlflowClient(uri)
+
+
+@pytest.mark.parametrize("lightning_layer", [True, False])
+def test_the_server_builds_the_store_only_for_jobs_that_record_into_it(
+    mlflow_store: str, lightning_layer: bool
+) -> None:
+    # a job of an app that trains with Lightning records through furcate's Lightning layer (the
+    # server has it loaded); any other job never opens the store: building it would be waste
+    code = "\n".join(
+        [
+            "import sys",
+            "from furcate_hydra.job_process.job_context import HydraJobContext",
+            "if sys.argv[2] == 'True':",
+            "    import furcate_hydra.lightning",
+            "context = HydraJobContext(None, None, None, sys.argv[1])",
+            "context.prepare()",
+            "context.before_fork({'MLFLOW_RUN_ID': '0' * 32})",
+            "print('mlflow.store.tracking.sqlalchemy_store' in sys.modules)",
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, mlflow_store, str(lightning_layer)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(lightning_layer)

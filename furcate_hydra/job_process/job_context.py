@@ -37,6 +37,10 @@ __all__ = [
 ]
 
 
+# what a job records into its own MLflow run with (its Trainer's metrics, checkpoints, plots)
+LIGHTNING_LAYER = "furcate_hydra.lightning"
+
+
 class RemoteTraceback(Exception):
     """The traceback of an exception raised inside a job's process, as text."""
 
@@ -85,6 +89,7 @@ class HydraJobContext:
         self.hydra_context = hydra_context
         self.singleton_state = singleton_state
         self.tracking_uri = tracking_uri
+        self._warm_store = False  # set in the server (prepare)
         self._runs_loaded = False
 
     def prepare(self) -> None:
@@ -94,14 +99,18 @@ class HydraJobContext:
         setup_globals()
         if self.singleton_state is not None:
             Singleton.set_state(self.singleton_state)
-        if self.tracking_uri is not None:
+        # Only jobs that record into their run themselves (furcate's Lightning layer, loaded
+        # here for an app that imports Lightning) open the store: for others it is wasted
+        self._warm_store = self.tracking_uri is not None and LIGHTNING_LAYER in sys.modules
+        if self._warm_store and self.tracking_uri is not None:
             build_store_for_forks(self.tracking_uri)
 
     def before_fork(self, env: Mapping[str, str]) -> None:
         # once, the first job's run: every later job inherits what loading a run sets up
         run_id = env.get(env_vars.RUN_ID)
-        if self._runs_loaded or self.tracking_uri is None or run_id is None:
+        if self._runs_loaded or not self._warm_store or run_id is None:
             return
+        assert self.tracking_uri is not None
         self._runs_loaded = True
         load_run_for_forks(self.tracking_uri, run_id)
 
