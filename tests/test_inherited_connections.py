@@ -111,8 +111,8 @@ def test_a_run_the_server_loaded_leaves_it_no_connection_its_jobs_could_share(
         def server() -> int:
             set_aside_inherited_connections()
             build_store_for_forks(mlflow_store)
-            load_run_for_forks(mlflow_store, "0" * 32)  # no such run: nothing to load
             load_run_for_forks(mlflow_store, run_id)
+            load_run_for_forks(mlflow_store, "0" * 32)  # no such run: it closes what it used
             return in_fork(job)
 
         def job() -> int:

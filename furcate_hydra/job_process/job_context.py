@@ -89,7 +89,7 @@ class HydraJobContext:
         self.hydra_context = hydra_context
         self.singleton_state = singleton_state
         self.tracking_uri = tracking_uri
-        self._warm_store = False  # set in the server (prepare)
+        self._warm_uri: str | None = None  # the store the server warms for its jobs (prepare)
         self._runs_loaded = False
 
     def prepare(self) -> None:
@@ -101,18 +101,18 @@ class HydraJobContext:
             Singleton.set_state(self.singleton_state)
         # Only jobs that record into their run themselves (furcate's Lightning layer, loaded
         # here for an app that imports Lightning) open the store: for others it is wasted
-        self._warm_store = self.tracking_uri is not None and LIGHTNING_LAYER in sys.modules
-        if self._warm_store and self.tracking_uri is not None:
-            build_store_for_forks(self.tracking_uri)
+        if LIGHTNING_LAYER in sys.modules:
+            self._warm_uri = self.tracking_uri
+        if self._warm_uri is not None:
+            build_store_for_forks(self._warm_uri)
 
     def before_fork(self, env: Mapping[str, str]) -> None:
         # once, the first job's run: every later job inherits what loading a run sets up
         run_id = env.get(env_vars.RUN_ID)
-        if self._runs_loaded or not self._warm_store or run_id is None:
+        if self._runs_loaded or self._warm_uri is None or run_id is None:
             return
-        assert self.tracking_uri is not None
         self._runs_loaded = True
-        load_run_for_forks(self.tracking_uri, run_id)
+        load_run_for_forks(self._warm_uri, run_id)
 
     def run(self, payload: bytes, gate: Callable[[], None]) -> JobOutcome:
         # Hydra's set-up (job dir, .hydra/*.yaml, job logging, env_set) comes before the gate:

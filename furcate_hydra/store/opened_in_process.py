@@ -1,19 +1,22 @@
 """How a fork leaves its parent's database connections alone, and how the fork server has
 the sweep's MLflow store built once for all its jobs.
 
-A fork inherits every SQLAlchemy engine its parent made (MLflow caches its stores and their
-engines, an Optuna storage holds one), each with a pool of open connections. SQLite forbids
-using a connection across a fork, closing it included (closing the last one checkpoints a WAL
-file the parent is writing); a PostgreSQL connection shared by two processes garbles both. So
-a fork that serves jobs (the fork server) gives every inherited engine a new, empty pool, as
+A fork inherits the SQLAlchemy engines MLflow made in its parent (MLflow caches its stores,
+and one engine per database URI), each with a pool of open connections. SQLite forbids using a
+connection across a fork, closing it included (closing the last one checkpoints a WAL file the
+parent is writing); a PostgreSQL connection shared by two processes garbles both. So a fork
+that serves jobs (the fork server) gives every inherited MLflow engine a new, empty pool, as
 SQLAlchemy advises for forks, and keeps the old pools referenced, never used. The stores stay
-cached and usable: what runs in the fork connects on its own.
+cached and usable: what runs in the fork connects on its own. (Other engines the parent holds,
+a sweeper's Optuna storage, are never used by its jobs.)
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from furcate_hydra.store.tracking_uri import TrackingUri, creating_store
@@ -43,16 +46,12 @@ def build_store_for_forks(tracking_uri: str) -> None:
 
     Best effort: a store that cannot be opened now is left to the job, which reports why.
     """
-    try:
-        from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient
 
-        # the launcher may be creating a new sqlite store's schema right now
-        with creating_store(TrackingUri(tracking_uri, "the sweep's tracking URI")):
-            MlflowClient(tracking_uri)  # builds the store, cached by MLflow for this URI
-    except Exception:  # the job opens it again and says what is wrong
-        return
-    for engine in _mlflow_engines():
-        engine.dispose()  # this process's own connections: closed, the pool left empty
+    # the launcher may be creating a new sqlite store's schema right now: wait for it
+    schema = creating_store(TrackingUri(tracking_uri, "the sweep's tracking URI"))
+    with _own_connections_closed(), schema:
+        MlflowClient(tracking_uri)  # builds the store, cached by MLflow for this URI
 
 
 def load_run_for_forks(tracking_uri: str, run_id: str) -> None:
@@ -60,14 +59,24 @@ def load_run_for_forks(tracking_uri: str, run_id: str) -> None:
     run's job), then close the connection that took: a process's first run loaded sets up
     SQLAlchemy's loading of MLflow's runs (~0.17 s here), which every job forked later inherits
     instead of paying. Best effort, as ``build_store_for_forks``."""
-    try:
-        from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient
 
+    with _own_connections_closed():
         MlflowClient(tracking_uri).get_run(run_id)
-    except Exception:  # the job loads it again and says what is wrong
-        return
-    for engine in _mlflow_engines():
-        engine.dispose()
+
+
+@contextmanager
+def _own_connections_closed() -> Iterator[None]:
+    """Run the block, then close every connection this process opened, whether the block
+    succeeded or not (a failed query still leaves its connection in the pool, which the jobs
+    forked later would share); its error is left to the job, which meets it again."""
+    try:
+        yield
+    except Exception:  # the job opens the store again and says what is wrong
+        pass
+    finally:
+        for engine in _mlflow_engines():
+            engine.dispose()  # this process's own connections: closed, the pool left empty
 
 
 def _mlflow_engines() -> list[Any]:
