@@ -27,23 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.commands import ROOT, app_command, children_cpu_s, empty_store, run_command
+from bench.fused_sweep import grid
 from bench.harness import machine, publish
 
 APP = ROOT / "bench" / "apps" / "tiny_mlp_app.py"
-LRS = ["0.1", "0.03", "0.01", "0.003", "0.001", "0.0003", "0.0001", "0.00003"]
-DECAYS = ["0.0", "0.01", "0.05", "0.1"]
 LAUNCHERS = {"furcate": ["hydra.launcher.fuse=off"], "basic": ["hydra/launcher=basic"]}
-
-
-def grid(configs: int) -> list[str]:
-    """``lr=...`` and ``weight_decay=...`` overrides giving ``configs`` configs."""
-    if configs == 1:
-        return ["lr=0.01", "weight_decay=0.0"]
-    decays = DECAYS[: min(4, configs)]
-    lrs = LRS[: configs // len(decays)]
-    if len(lrs) * len(decays) != configs:
-        raise SystemExit(f"--configs {configs}: use 2-4 or a multiple of 4 up to 32")
-    return [f"lr={','.join(lrs)}", f"weight_decay={','.join(decays)}"]
 
 
 def command_cost(work: Path, store: Path, launcher: str, configs: int) -> dict[str, float]:
