@@ -17,8 +17,10 @@ __all__ = [
     "FUSE_KEY",
     "FUSE_LEFT",
     "FUSE_MAX",
+    "FUSE_MIN_GAIN",
     "FUSE_SIZE",
     "FUSE_TIMEOUT_S",
+    "FUSE_WIDTH_REPORT",
     "GPUS_PER_JOB",
     "LIGHTNING",
     "OPTUNA_MONITOR",
@@ -85,6 +87,12 @@ FUSE_SIZE = "FURCATE_FUSE_SIZE"
 FUSE_KEY = "FURCATE_FUSE_KEY"
 FUSE_MAX = "FURCATE_FUSE_MAX"
 FUSE_TIMEOUT_S = "FURCATE_FUSE_TIMEOUT_S"
+# fuse_max unset: the leader learns how many members train at once, each doubling kept while a
+# member's share of a step falls by at least this fraction (hydra.launcher.auto_min_gain)
+FUSE_MIN_GAIN = "FURCATE_FUSE_MIN_GAIN"
+# the file the leader leaves in its group's directory with each group's learned width, for the
+# launcher to size the groups it starts next (JSON: a list of {members, width, rising})
+FUSE_WIDTH_REPORT = "width.json"
 # the file the launcher leaves in a group's directory when a member's job ended (before its
 # fit, it never joins: no leader waits for it), followed by the member's key
 FUSE_LEFT = "left-"

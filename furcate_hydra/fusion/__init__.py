@@ -26,6 +26,8 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     lineage.py         whose a class is (Lightning's, torchmetrics'), which hooks it defines
     sample_batch.py    a batch for a probe or a timing, drawn from no random stream
     grouping.py        which members train together, and each one left alone's reason
+    group_width.py     how many of a group train at once when fuse_max is unset: measured
+    data_streams.py    the random streams a group's data draws from, put back for each part
     rendezvous.py      the members' processes find each other: one leads, the others follow
     coordinator.py     the leader: groups formed, each trained as one, each member its end
 """

@@ -17,14 +17,17 @@ from typing import Any
 
 import torch
 
+from furcate_hydra.fusion.data_streams import DataStreams
 from furcate_hydra.fusion.fit_call import FitCall
-from furcate_hydra.fusion.fused_fit import MemberTraining, fused_fit
-from furcate_hydra.fusion.grouping import Candidate, form_groups
+from furcate_hydra.fusion.fused_fit import MemberTraining, fused_fit, to_device
+from furcate_hydra.fusion.group_width import Width, learned_width
+from furcate_hydra.fusion.grouping import Candidate, even_cut, form_groups
 from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
 from furcate_hydra.fusion.member_progress import MemberProgress
 from furcate_hydra.fusion.member_records import MemberLog, MemberRecords
 from furcate_hydra.fusion.member_stopping import MemberStopping, Pruning
 from furcate_hydra.fusion.rendezvous import Leading
+from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.fusion.signature import FusionSignature
 
 # How often a group's members keep an epoch's end (checkpoint, metrics, history): a kill
@@ -92,6 +95,7 @@ class Trained:
     group: tuple[str, ...]
     step_mode: str
     log: MemberLog = field(default_factory=MemberLog)  # what its loggers and history get
+    in_process: int = 0  # the members in its process, ``group`` trained at once among them
 
 
 def lead(
@@ -101,16 +105,22 @@ def lead(
     own_epoch: Callable[[EpochEnd], None] | None = None,
     keep_every_s: float = KEEP_EVERY_S,
     stop_asked: Callable[[], bool] | None = None,
+    min_gain: float | None = None,
+    on_width: Callable[[list[str], Width], None] | None = None,
 ) -> dict[str, Alone | Trained]:
     """Form the groups, train them, send every other member its epochs' ends (at most every
     ``keep_every_s``) and its end; every end, by key (the leader's own among them, under
     ``leading.members[0].key``; its epochs' ends go to ``own_epoch``). ``stop_asked``: see
-    ``fused_fit``; its ``FusedFitStopped`` goes on, the members' lines closing with it."""
+    ``fused_fit``; its ``FusedFitStopped`` goes on, the members' lines closing with it.
+
+    ``min_gain``: None, groups of at most ``fuse_max``; else each group's width is learned
+    (``group_width``) and its members train that many at a time, one part after another;
+    ``on_width(group, width)`` hears each group's measurement."""
     offers: dict[str, Offer] = {m.key: m.payload for m in leading.members}
     candidates = [
         Candidate(key, offer.signature, tuple(offer.call.reasons)) for key, offer in offers.items()
     ]
-    grouping = form_groups(candidates, fuse_max)
+    grouping = form_groups(candidates, fuse_max if min_gain is None else len(candidates))
     ends: dict[str, Alone | Trained] = {
         key: Alone(reason) for key, reason in grouping.alone.items()
     }
@@ -135,11 +145,49 @@ def lead(
         return answer
 
     for group in grouping.groups:
-        trained = _train(group, offers, loaders(group), device, tell, keep_every_s, stop_asked)
-        for key, end in trained.items():
-            ends[key] = end
-            leading.send(key, end)
+        data = loaders(group)
+        parts, mode = [group], "auto"
+        if min_gain is not None:
+            width = _width(group, offers, data[0], device, min_gain)
+            if width is not None:
+                parts, mode = even_cut(group, width.width), width.mode
+                if on_width is not None:
+                    on_width(group, width)
+        streams = DataStreams.taken(data)
+        for number, part in enumerate(parts):
+            if number:
+                streams.put_back()  # every part sees the batches the first saw
+            trained = _train(part, offers, data, device, tell, keep_every_s, stop_asked, mode)
+            for key, end in trained.items():
+                ends[key] = replace(end, in_process=len(group))
+                leading.send(key, ends[key])
     return ends
+
+
+def _width(
+    group: list[str],
+    offers: dict[str, Offer],
+    train_loader: Any,
+    device: torch.device | None,
+    min_gain: float,
+) -> Width | None:
+    """How many of the group train at once, measured on a sample of its data (None: its
+    loader gives none to measure on, and the group trains whole)."""
+    batch = sample_batch(train_loader)
+    if batch is None:
+        return None
+    device = device or torch.device("cpu")
+    members = [_member(offers[key]) for key in group]
+    shape = offers[group[0]].call.shape
+    assert shape is not None
+    return learned_width(
+        [m.module for m in members],
+        [m.optimizer for m in members],
+        to_device(batch, device),
+        shape.accumulate_grad_batches,
+        device,
+        min_gain,
+    )
 
 
 def _train(
@@ -150,6 +198,7 @@ def _train(
     tell: Callable[[str, EpochEnd], None],
     keep_every_s: float,
     stop_asked: Callable[[], bool] | None,
+    step_mode: str,
 ) -> dict[str, Trained]:
     first = offers[group[0]].call
     assert first.shape is not None
@@ -195,6 +244,7 @@ def _train(
         data[1],
         observer,
         device,
+        step_mode=step_mode,
         on_epoch=epoch_done,
         stop_asked=stop_asked,
     )

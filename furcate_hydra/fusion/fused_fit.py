@@ -128,7 +128,9 @@ def fused_fit(
     steps = {mode: vmapped_step(base, "training_step", True, divisor, mode) for mode in modes}
     sample = sample_batch(train_loader) if step_mode == "auto" else None
     if step_mode == "auto":
-        step_mode = "vmap" if sample is None else faster_mode(steps, stack, _to(sample, device))
+        step_mode = (
+            "vmap" if sample is None else faster_mode(steps, stack, to_device(sample, device))
+        )
     train_step = steps[step_mode]
     val_step = (
         vmapped_step(base, "validation_step", False, mode=step_mode)
@@ -149,7 +151,7 @@ def fused_fit(
                 break
             if stop_asked is not None and stop_asked():
                 raise FusedFitStopped(f"stopped in epoch {epoch}, batch {batch_idx}")
-            batch = _to(batch, device)
+            batch = to_device(batch, device)
             grads_now, logs = train_step(stack, batch, batch_idx)
             grads = grads_now if grads is None else {k: grads[k] + g for k, g in grads_now.items()}
             last = batch_idx + 1 == train_batches
@@ -238,7 +240,7 @@ def _validate(
     for batch_idx, batch in enumerate(loader):
         if batch_idx >= batches:
             break
-        batch = _to(batch, device)
+        batch = to_device(batch, device)
         _, logs = val_step(stack, batch, batch_idx)
         means.add(logs.values, logs.options, _batch_size(batch))
         done += 1
@@ -309,11 +311,11 @@ def _first_tensor_size(batch: Any) -> int | None:
     return None  # a string, a number: not what Lightning counts
 
 
-def _to(batch: Any, device: torch.device) -> Any:
+def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
+        return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_to(v, device) for v in batch)
+        return type(batch)(to_device(v, device) for v in batch)
     return batch

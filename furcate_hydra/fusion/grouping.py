@@ -43,7 +43,7 @@ def form_groups(candidates: Sequence[Candidate], fuse_max: int) -> Grouping:
         by_signature.setdefault(candidate.signature, []).append(candidate.key)
     groups: list[list[str]] = []
     for keys in by_signature.values():
-        groups.extend(_even_cut(keys, fuse_max))
+        groups.extend(even_cut(keys, fuse_max))
     lone = {group[0] for group in groups if len(group) == 1}
     groups = [group for group in groups if len(group) > 1]
     reference = _largest(by_signature)
@@ -53,7 +53,7 @@ def form_groups(candidates: Sequence[Candidate], fuse_max: int) -> Grouping:
     return Grouping(groups=groups, alone=alone)
 
 
-def _even_cut(keys: list[str], fuse_max: int) -> list[list[str]]:
+def even_cut(keys: list[str], fuse_max: int) -> list[list[str]]:
     """``keys`` in as few groups of at most ``fuse_max`` as can be, their sizes as even as
     can be: 5 at ``fuse_max=4`` train as 3 and 2, not 4 and one left alone."""
     count = -(-len(keys) // fuse_max)

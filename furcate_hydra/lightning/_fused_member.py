@@ -17,6 +17,7 @@ nothing left to train and returns; the Trainer then holds what the app reads aft
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -29,9 +30,11 @@ from typing import Any
 import torch
 
 from furcate_hydra import env_vars
+from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, SendLoaders, Trained, lead
 from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
 from furcate_hydra.fusion.fused_fit import FusedFitStopped
+from furcate_hydra.fusion.group_width import Width
 from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
 from furcate_hydra.fusion.member_records import MemberLog
 from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
@@ -84,6 +87,7 @@ class GroupEnv:
     key: str
     fuse_max: int
     gather_s: float
+    min_gain: float | None = None  # set: the group's width is learned (fuse_max unset)
 
     @classmethod
     def from_environ(cls) -> GroupEnv | None:
@@ -97,7 +101,21 @@ class GroupEnv:
             os.environ[env_vars.FUSE_KEY],
             int(os.environ[env_vars.FUSE_MAX]),
             float(os.environ[env_vars.FUSE_TIMEOUT_S]),
+            float(gain) if (gain := os.environ.get(env_vars.FUSE_MIN_GAIN)) else None,
         )
+
+    def widths_learned(self) -> Callable[[list[str], Width], None]:
+        """What the leader does with each group's learned width: says it in its log, and
+        leaves it for the launcher (``FUSE_WIDTH_REPORT``) to size the groups it starts next."""
+        reports: list[dict[str, Any]] = []
+
+        def learned(members: list[str], width: Width) -> None:
+            log.info("furcate: fused: %s", width.describe(len(members)))
+            reports.append({"members": len(members), "width": width.width, "rising": width.rising})
+            report = json.dumps(reports).encode()
+            atomic_write_bytes(self.directory / env_vars.FUSE_WIDTH_REPORT, report, durable=False)
+
+        return learned
 
 
 def join_group(
@@ -137,6 +155,8 @@ def join_group(
                 device,
                 on_epoch,
                 stop_asked=lambda: signalled() is not None,
+                min_gain=group.min_gain,
+                on_width=group.widths_learned(),
             )
         finally:
             joined.close()
@@ -276,10 +296,12 @@ def fit_in_group(
     if isinstance(end, Alone):
         log.info("furcate: not fused: %s", end.reason)
         return None
+    together, in_process = len(end.group), max(end.in_process, len(end.group))
     log.info(
-        "furcate: fused: trained with %d member(s) in one process (%s steps)",
-        len(end.group),
+        "furcate: fused: trained with %d member(s) in one process (%s steps)%s",
+        in_process,
         end.step_mode,
+        f", {together} at a time" if in_process > together else "",
     )
     rest = {k: v for k, v in arguments.items() if k not in ("self", "model", "ckpt_path")}
     finish_trained(fit, trainer, arguments["model"], end, **rest)
