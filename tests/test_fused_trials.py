@@ -93,14 +93,17 @@ def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
 ) -> None:
     grid = ["lr=0.003,0.05", "weight_decay=0.0,0.1", "early_stop=true", "epochs=8"]
     work = tmp_path
-    fused_dir, said = sweep(work, "fused", "hydra.launcher.fuse=auto", *grid)
+    # fuse_max unset, and no doubling can gain 900 %: the group's four train two at a time,
+    # one part after the other, in one process (each part shown the same batches)
+    fused = ["hydra.launcher.fuse=auto", "hydra.launcher.auto_min_gain=9"]
+    fused_dir, said = sweep(work, "fused", *fused, *grid)
     alone_store = sweep_alone(work, empty_mlflow_db, *grid)
     fused_runs, alone_runs = by_overrides(mlflow_store), by_overrides(alone_store)
     assert len(fused_runs) == 4 and fused_runs.keys() == alone_runs.keys()
     assert not {r.info.run_id for r in fused_runs.values()} & {
         r.info.run_id for r in alone_runs.values()
     }
-    stopped_at = set()
+    stopped_at, leaders = set(), 0
     for config, run in fused_runs.items():
         alone = alone_runs[config]
         assert run.info.status == "FINISHED", config
@@ -108,6 +111,10 @@ def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
         alone_dir = Path(alone.data.tags[Tags.OUTPUT_DIR])
         assert job_dir.parent == fused_dir
         assert "furcate: fused: trained with 4 member(s) in one process" in job_log(job_dir)
+        assert "steps), 2 at a time" in job_log(job_dir)
+        leaders += job_log(job_dir).count(
+            "fused: 4 member(s) train 2 at a time (from 1 to 2 a member's share"
+        )
         assert_same_weights(job_dir, alone_dir, config)
         history = json.loads((job_dir / JobPaths.HISTORY).read_text())
         alone_history = json.loads((alone_dir / JobPaths.HISTORY).read_text())
@@ -136,9 +143,10 @@ def test_a_grid_fuses_into_one_process_and_each_config_ends_as_its_own_run(
         artifacts = {a.path for a in MlflowClient(mlflow_store).list_artifacts(run.info.run_id)}
         assert {"history.json", "checkpoints", "plots"} <= artifacts
     assert "4 finished" in said
+    assert leaders == 1  # the leader measured and said how many train at once
     assert min(stopped_at) < 8 and len(stopped_at) > 1  # each stopped where its run did
     # the same command again: every config is recorded, none trains
-    _, again = sweep(work, "again", "hydra.launcher.fuse=auto", *grid)
+    _, again = sweep(work, "again", *fused, *grid)
     assert "4 skipped" in again, again
 
 

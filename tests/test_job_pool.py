@@ -400,19 +400,25 @@ def test_jobs_submitted_together_start_in_even_groups_one_per_free_slot(tmp_path
 def test_a_full_group_starts_while_jobs_are_still_submitted_and_a_lone_job_is_no_group(
     tmp_path: Path,
 ) -> None:
-    transport = FakeTransport(4, {str(i): ["hang"] for i in range(2)})
-    jobs = {str(i): job(tmp_path, str(i)) for i in range(3)}
+    transport = FakeTransport(4, {str(i): ["hang"] for i in range(4)})
+    jobs = {str(i): job(tmp_path, str(i)) for i in range(5)}
     with JobPool(transport, fused_options(2)) as pool:
-        pool.submit(jobs["0"])
-        assert transport.placed == []
-        pool.submit(jobs["1"])
-        assert [key for key, _ in transport.placed] == ["0", "1"]  # full: it need not wait
+        for key in "012":
+            pool.submit(jobs[key])
+        assert transport.placed == []  # not yet a full group for each of the 2 free slots
+        pool.submit(jobs["3"])
+        assert [key for key, _ in transport.placed] == ["0", "1", "2", "3"]  # need not wait
         assert jobs["0"].env[env_vars.FUSE_DIR] == jobs["1"].env[env_vars.FUSE_DIR]
-        pool.submit(jobs["2"])
-        pool.wait_any(timeout=0.2)  # the caller waits: the last job starts, alone
-        assert [key for key, _ in transport.placed] == ["0", "1", "2"]
-        assert env_vars.FUSE_DIR not in jobs["2"].env
-        pool.cancel(["0", "1"])
+        assert jobs["2"].env[env_vars.FUSE_DIR] == jobs["3"].env[env_vars.FUSE_DIR]
+        assert jobs["0"].env[env_vars.FUSE_DIR] != jobs["2"].env[env_vars.FUSE_DIR]
+        pool.submit(jobs["4"])
+        pool.cancel(["0", "1"])  # their slot frees: the caller waits, the last job starts, alone
+        ended = pool.wait_any(timeout=5)
+        while len(transport.placed) < 5 and ended:
+            ended = pool.wait_any(timeout=5)
+        assert [key for key, _ in transport.placed] == ["0", "1", "2", "3", "4"]
+        assert env_vars.FUSE_DIR not in jobs["4"].env
+        pool.cancel(["2", "3", "4"])
         list(pool.as_completed())
 
 

@@ -62,6 +62,7 @@ CASES: list[tuple[dict[str, Any], dict[str, str], str, str]] = [
     ({"fuse": True}, {}, "hydra.launcher.fuse", "True"),  # YAML's bare on
     ({"fuse": "auto", "fuse_max": 0}, {}, "hydra.launcher.fuse_max", "0"),
     ({"fuse": "auto", "fuse_max": 2.5}, {}, "hydra.launcher.fuse_max", "2.5"),
+    ({"fuse": "auto", "fuse_max": "wide"}, {}, "hydra.launcher.fuse_max", "'wide'"),
     ({"fuse": "auto", "backend": "ray"}, {}, "hydra.launcher.fuse", "'auto'"),
     ({"fuse": "auto", "jobs_per_gpu": "auto"}, {}, "hydra.launcher.fuse", "'auto'"),
     ({"gpus_per_job": -1}, {}, "hydra.launcher.gpus_per_job", "-1"),

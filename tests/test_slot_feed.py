@@ -21,6 +21,7 @@ class FakeTarget:
         self.calls: list[tuple[str, object]] = []
         self.running: list[str] = []
         self.batches: list[list[str]] = []
+        self.slot_count = 2  # what a launcher's open slots are now
 
     def submit_batch(self, jobs: Sequence[JobRequest]) -> list[str]:
         keys = [str(job.num) for job in jobs]
@@ -101,6 +102,24 @@ def test_chunks_grow_while_they_come_back_whole_at_once() -> None:
     target = FakeTarget(at_once=True)
     SlotFeed(target, Numbers(6), FeedPace(2, ahead=0)).run()
     assert submits(target) == [2, 2, 2]
+
+
+def test_a_pace_that_follows_open_slots_grows_as_the_launcher_opens_more() -> None:
+    class Widening(FakeTarget):
+        """Its slots double after the first job ends (fused groups grow wider)."""
+
+        def wait_any(self, timeout: float | None = None) -> list[tuple[str, JobReturn]]:
+            done = super().wait_any(timeout)
+            if done:
+                self.slot_count = 4
+            return done
+
+    for follows, first_submits in [(True, [2, 3]), (False, [2, 1])]:
+        target = Widening()
+        pace = FeedPace(2, ahead=0, follow_open_slots=follows)
+        SlotFeed(target, Numbers(8), pace).run()
+        # 2 in flight, one ends: the room is the open slots (4) less the one still running
+        assert submits(target)[:2] == first_submits, follows
 
 
 class TakingBack(Numbers):

@@ -1,7 +1,8 @@
 """``hydra.launcher.fuse=auto``: queued jobs started together, so that their fits train as one.
 
-    plan ──► seated(plan, fuse_max): each slot a seat per member, sharing its device and cores
-    queue ──► FusedGroups.take(queue, free seats, more may come?) ──► up to fuse_max jobs
+    plan ──► seated(plan, seats): each slot a seat per member, sharing its device and cores
+    queue ──► FusedGroups.take(queue, free seats, more may come?) ──► up to ``width`` jobs,
+              on a slot no other group holds
           ──► enroll: each job's env names the group's dir, its size, the job's key there
     a member's job ends ──► ended(job): ``left-<key>`` in the dir (a job that never reached
                             its fit does not keep the group's leader waiting)
@@ -9,23 +10,35 @@
 Which of them fuse is decided in the jobs, at their fits (``fusion.coordinator``): the first
 to arrive leads, trains the members that can share a group, and tells the others why not.
 Only the leader computes; the others wait on a socket, so a slot's seats cost it no cores.
-Nothing here imports torch.
+
+The width: ``fuse_max`` where it is set. Unset, it is learned as packing learns jobs per
+GPU: groups start ``FIRST_WIDTH`` wide (at most ``LEARNED_SEATS``); each leader measures how
+many of its members pay to train at once (``fusion.group_width``) and leaves that in its
+directory; a group whose every member still paid doubles the next groups' width, a narrower
+answer becomes it. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import json
 import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from furcate_hydra import env_vars
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.slots import SlotPlan
 
-__all__ = ["FusedGroups", "seated"]
+__all__ = ["FIRST_WIDTH", "LEARNED_SEATS", "FusedGroups", "seated"]
+
+# fuse_max unset: the seats of a slot (the widest a learned group may grow), and the width the
+# sweep's first groups start at, before any leader measured
+LEARNED_SEATS = 128
+FIRST_WIDTH = 16
 
 _GROUP_VARS = (
     env_vars.FUSE_DIR,
@@ -33,6 +46,7 @@ _GROUP_VARS = (
     env_vars.FUSE_KEY,
     env_vars.FUSE_MAX,
     env_vars.FUSE_TIMEOUT_S,
+    env_vars.FUSE_MIN_GAIN,
 )
 
 
@@ -50,30 +64,55 @@ def seated(plan: SlotPlan, fuse_max: int) -> SlotPlan:
 
 
 class FusedGroups:
-    """Forms the groups of a pool's queue and keeps their directories."""
+    """Forms the groups of a pool's queue, keeps their directories, learns their width."""
 
-    def __init__(self, fuse_max: int, gather_s: float) -> None:
-        self.fuse_max = fuse_max
+    def __init__(
+        self, seats: int, gather_s: float, homes: int, min_gain: float | None = None
+    ) -> None:
+        """``seats``: per slot; ``homes``: the slots; ``min_gain``: None, groups are ``seats``
+        wide; else the width is learned (see the module's doc)."""
+        self.seats = seats
         self.gather_s = gather_s
+        self.homes = homes
+        self.min_gain = min_gain
+        self.width = seats if min_gain is None else min(FIRST_WIDTH, seats)
         self._root: Path | None = None
         self._numbers = itertools.count()
+        self._group_of: dict[str, int] = {}  # a started job's key -> its group's number
+        self._running: dict[int, set[str]] = {}  # a group's number -> its jobs still running
+        self._reports: dict[Path, int] = {}  # a learning group's dir -> its entries read
+
+    @property
+    def free_homes(self) -> int:
+        """Slots no group holds: a group's leader has its slot's cores to itself."""
+        return max(self.homes - len(self._running), 0)
+
+    def seats_open(self, seats: int) -> int:
+        """Of a pool's ``seats`` (free or all), those groups of the current width can use."""
+        if self.min_gain is None:
+            return seats
+        return min(seats, self.homes * self.width)
 
     def take(
         self, queue: collections.deque[Job], free: int, more_may_come: bool, running: bool
     ) -> list[Job]:
         """The next group from the front of ``queue``, or none yet.
 
-        While more jobs may be queued (the caller is submitting), only a full group of
-        ``fuse_max`` starts; then the queue is shared evenly between the slots free for it
-        (16 jobs on 2 free slots: two groups of 8). A group starts only once seats for all of
-        it are free, unless nothing runs that could free more.
+        While more jobs may be queued (the caller is submitting), groups start once the queue
+        holds a full group of ``width`` for every free slot; after that the queue is shared
+        evenly between the slots free for it (16 jobs on 2 free slots: two groups of 8, not
+        one of 16 and an idle slot). A group starts only on a slot no other group holds, once
+        seats for all of it are free, unless nothing runs that could free more.
         """
-        if not queue or (len(queue) < self.fuse_max and more_may_come):
+        self._learn()
+        width = self.width
+        if not queue or not self.free_homes:
             return []
-        want = self.fuse_max
+        if more_may_come and len(queue) < width * self.free_homes:
+            return []
+        want = width
         if not more_may_come:  # the jobs there are, evenly over the slots free for them
-            slots = max(1, free // self.fuse_max)
-            want = min(self.fuse_max, -(-len(queue) // slots))
+            want = min(width, -(-len(queue) // self.free_homes))
         if free < want:
             if running or free == 0:
                 return []
@@ -83,20 +122,27 @@ class FusedGroups:
         return group
 
     def _enroll(self, group: list[Job]) -> None:
+        number = next(self._numbers)
+        self._running[number] = {job.key for job in group}
         for job in group:
+            self._group_of[job.key] = number
             for name in _GROUP_VARS:
                 job.env.pop(name, None)  # of an earlier attempt's group
         if len(group) < 2:
             return  # alone: its fit is its own
-        directory = self._directory()
+        directory = self._directory(number)
+        learned = {} if self.min_gain is None else {env_vars.FUSE_MIN_GAIN: repr(self.min_gain)}
+        if learned:
+            self._reports[directory] = 0
         for job in group:
             job.env.update(
                 {
                     env_vars.FUSE_DIR: str(directory),
                     env_vars.FUSE_SIZE: str(len(group)),
                     env_vars.FUSE_KEY: job.key,
-                    env_vars.FUSE_MAX: str(self.fuse_max),
+                    env_vars.FUSE_MAX: str(self.width),
                     env_vars.FUSE_TIMEOUT_S: repr(self.gather_s),
+                    **learned,
                 }
             )
 
@@ -105,14 +151,42 @@ class FusedGroups:
         directory = job.env.get(env_vars.FUSE_DIR)
         if directory is not None and Path(directory).is_dir():
             (Path(directory) / f"{env_vars.FUSE_LEFT}{job.key}").touch()
+        number = self._group_of.pop(job.key, None)
+        if number is None or number not in self._running:
+            return
+        self._running[number].discard(job.key)
+        if not self._running[number]:  # its last member: what its leader measured is all in
+            del self._running[number]
+            self._learn()
+            if directory is not None:
+                self._reports.pop(Path(directory), None)
+
+    def _learn(self) -> None:
+        """Take in what leaders measured since: each group's width, and whether every member
+        it had still paid (then the next groups may be wider)."""
+        for directory, read in list(self._reports.items()):
+            try:
+                entries = json.loads((directory / env_vars.FUSE_WIDTH_REPORT).read_text())
+            except (OSError, ValueError):
+                continue  # not measured yet (or being replaced): read it next time
+            for entry in entries[read:]:
+                self.width = self._next_width(entry)
+            self._reports[directory] = len(entries)
+
+    def _next_width(self, entry: dict[str, Any]) -> int:
+        members, width = int(entry["members"]), int(entry["width"])
+        if entry.get("rising"):
+            # every member paid: only a group as wide as the groups are now tells of wider
+            return min(2 * self.width, self.seats) if members >= self.width else self.width
+        return max(2, min(width, self.seats))
 
     def close(self) -> None:
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
 
-    def _directory(self) -> Path:
+    def _directory(self, number: int) -> Path:
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="furcate-fused-"))
-        directory = self._root / f"group-{next(self._numbers)}"
+        directory = self._root / f"group-{number}"
         directory.mkdir()
         return directory

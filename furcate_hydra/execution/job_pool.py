@@ -79,7 +79,14 @@ class JobPool:
         self._closed = False
         # fuse=auto: queued jobs start in groups, whose fits train as one
         self._groups = (
-            FusedGroups(options.fuse_max, options.fuse_gather_s) if options.fuse_max > 1 else None
+            FusedGroups(
+                options.fuse_max,
+                options.fuse_gather_s,
+                max(transport.slot_count // options.fuse_max, 1),
+                options.fuse_min_gain,
+            )
+            if options.fuse_max > 1
+            else None
         )
         self._submitting = False  # a caller is queueing jobs: a group may wait for more
 
@@ -87,10 +94,14 @@ class JobPool:
 
     @property
     def slot_count(self) -> int:
+        if self._groups is not None:  # a learned width opens as many seats as it is wide
+            return self._groups.seats_open(self._transport.slot_count)
         return self._transport.slot_count
 
     @property
     def idle_slots(self) -> int:
+        if self._groups is not None:
+            return self._groups.seats_open(self._transport.idle_slots)
         return self._transport.idle_slots
 
     @property

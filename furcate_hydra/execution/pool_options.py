@@ -30,7 +30,11 @@ class PoolOptions:
     job_imports: tuple[str, ...] = ()
     # NVIDIA's MPS daemon for GPUs that run several jobs at once: auto, on or off (``mps``)
     mps: str = "off"
-    # the most jobs started together on slots as one fused group (``fuse_max``); 1: none
+    # the most jobs started together on slots as one fused group (``fuse_max``, or
+    # ``fused_groups.LEARNED_SEATS`` where it is learned): a slot's seats; 1: no fusion
     fuse_max: int = 1
+    # None: groups are ``fuse_max`` wide; else their width is learned, each doubling kept while
+    # a member's share of a step falls by at least this fraction (``auto_min_gain``)
+    fuse_min_gain: float | None = None
     # how long a group's leader waits at its fit for the others to reach theirs
     fuse_gather_s: float = 300.0

@@ -98,3 +98,7 @@ class _SessionTarget:
 
     def job_run(self, key: str) -> JobRun:
         return self.session.job_run(key)
+
+    @property
+    def slot_count(self) -> int:
+        return self.session.executor.slot_count

@@ -15,6 +15,7 @@ from omegaconf import ListConfig
 
 from furcate_hydra import env_vars
 from furcate_hydra.errors import FurcateConfigError, name_list, positive_seconds
+from furcate_hydra.execution.fused_groups import LEARNED_SEATS
 from furcate_hydra.execution.gpu.mps import check_mps_mode
 from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_options import AUTO as AUTO_JOBS
@@ -30,6 +31,7 @@ __all__ = ["LauncherOptions", "ProgressOptions", "StoreOptions", "TrainingOption
 
 FUSE_AUTO = "auto"
 FUSE_MODES = (FUSE_AUTO, "off")
+AUTO_WIDTH = "auto"  # fuse_max: learned, as unset
 # Sampling a job's processes more often than this costs CPU and shows nothing more.
 MIN_TRACE_INTERVAL_S = 0.1
 
@@ -284,7 +286,7 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
             "module names",
             "hydra.launcher.preload=[torch,pytorch_lightning], or leave it unset",
         )
-    fuse_max = _fuse_max(options)
+    fuse_max, fuse_min_gain = _fuse_width(options)
     return PoolOptions(
         max_retries=max_retries,
         max_preemptions=max_preemptions,
@@ -297,11 +299,13 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         job_imports=server_imports(options["lightning"], preload),
         mps=check_mps_mode(options["mps"]),
         fuse_max=fuse_max,
+        fuse_min_gain=fuse_min_gain,
     )
 
 
-def _fuse_max(options: Mapping[str, Any]) -> int:
-    """How many jobs start together as one fused group: 1 with ``fuse=off``."""
+def _fuse_width(options: Mapping[str, Any]) -> tuple[int, float | None]:
+    """A slot's seats for a fused group's jobs (1 with ``fuse=off``), and the least gain a
+    learned width asks of each doubling (None: ``fuse_max`` is set, groups are that wide)."""
     fuse = options["fuse"]
     if fuse not in FUSE_MODES:
         raise FurcateConfigError(
@@ -312,14 +316,19 @@ def _fuse_max(options: Mapping[str, Any]) -> int:
             "process; the rest run one process each, with the reason) or off",
         )
     most = options["fuse_max"]
+    if most is None or most == AUTO_WIDTH:
+        if fuse != FUSE_AUTO:
+            return 1, None
+        return LEARNED_SEATS, float(options["auto_min_gain"])
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:
         raise FurcateConfigError(
             "hydra.launcher.fuse_max",
             most,
-            "must be a whole number of configs trained together, 1 or more",
-            "set hydra.launcher.fuse_max=32 (or leave it unset), or hydra.launcher.fuse=off",
+            "must be a whole number of configs trained together, 1 or more, or auto",
+            "set hydra.launcher.fuse_max=32, or leave it unset (auto: as many as the memory "
+            "free and the measured step times reward), or hydra.launcher.fuse=off",
         )
-    return most if fuse == FUSE_AUTO else 1
+    return (most, None) if fuse == FUSE_AUTO else (1, None)
 
 
 def _seconds(mlflow: Mapping[str, Any], key: str, example: float) -> float:

@@ -37,6 +37,11 @@ class SlotTarget(Protocol):
 
     def job_run(self, key: str) -> JobRun: ...
 
+    @property
+    def slot_count(self) -> int:
+        """Jobs that may run at once now (read only with ``FeedPace.follow_open_slots``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class FeedPace:
@@ -51,12 +56,15 @@ class FeedPace:
             counts against ``slots``; it takes no slot here.
         grow_on_skips: Whether a chunk that came back whole at once (recorded, skipped) doubles
             the next one, up to ``LOOKUP_CHUNK``: a rerun finds whole batches recorded.
+        follow_open_slots: Whether ``slots`` grows with the target's ``slot_count`` (fused
+            groups whose learned width opens more seats), never below ``slots``.
     """
 
     slots: int
     ahead: int | None = 0
     elsewhere_holds_room: bool = True
     grow_on_skips: bool = False
+    follow_open_slots: bool = False
 
 
 class JobSource(Generic[Item]):
@@ -138,7 +146,10 @@ class SlotFeed(Generic[Item]):
         held = len(self._in_flight)
         if not pace.elsewhere_holds_room:
             held = sum(1 for key in self._in_flight if not self.target.job_run(key).elsewhere)
-        return (pace.slots + pace.ahead if held else pace.slots) - held
+        slots = pace.slots
+        if pace.follow_open_slots:
+            slots = max(slots, self.target.slot_count)
+        return (slots + pace.ahead if held else slots) - held
 
     def _submit(self, count: int) -> bool:
         """Take up to ``count`` jobs and submit them; False if the source took them back."""

@@ -110,7 +110,9 @@ class FurcateLauncherConf:
     max_jobs_per_gpu: Optional[int] = None
     # with jobs_per_gpu=auto, the least fraction one more job must add to its GPU's aggregate
     # rate (training steps/s; GPU utilisation for jobs that report no progress) for the GPU
-    # to keep it and try one more; 0: memory alone decides
+    # to keep it and try one more; 0: memory alone decides. With fuse=auto and fuse_max
+    # unset, the least fraction by which each doubling of a fused group must cut a member's
+    # share of a step
     auto_min_gain: Any = 0.05
     # with jobs_per_gpu=auto, GiB of each GPU kept free beyond its jobs' measured peaks: a new
     # job's CUDA context and its allocator's growth before they show in a sample
@@ -150,8 +152,11 @@ class FurcateLauncherConf:
     # reads a bare off as a boolean, which gets furcate's message)
     fuse: Any = "off"
     # the most configs trained together in one process (each slot runs groups of up to this
-    # many jobs; a whole number, 1 or more)
-    fuse_max: Any = 32
+    # many jobs; a whole number, 1 or more). Unset (or auto): learned, as jobs_per_gpu=auto
+    # is: each group's leader times its fused step at doubling widths on a sample batch and
+    # trains as many at once as still pay by auto_min_gain per member and fit the memory
+    # free; later groups start as wide as that (up to 128 per slot)
+    fuse_max: Any = None
     # modules the warm fork server imports besides what the launcher's process has loaded
     # (the task's module and its imports: the server is a fork of it); unset: nothing more
     preload: Optional[List[str]] = None

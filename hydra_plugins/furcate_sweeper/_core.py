@@ -231,6 +231,8 @@ def _stream(sweep: GridSweep, launcher: StreamingLauncher) -> None:
             launcher.jobs_ahead,
             elsewhere_holds_room=False,
             grow_on_skips=True,
+            # fused groups of a learned width: as many jobs as its open seats hold
+            follow_open_slots=True,
         )
         SlotFeed(launcher, _GridFeed(sweep, launcher), pace).run()
 
