@@ -42,18 +42,30 @@ _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
 def grid(configs: int) -> list[str]:
-    """``lr=...`` and ``weight_decay=...`` overrides giving ``configs`` configs (4 decays)."""
+    """``lr=...`` and ``weight_decay=...`` overrides giving ``configs`` configs (4 decays;
+    beyond 8 learning rates, as many spread evenly in log scale from 0.1 to 1e-5)."""
     decays = DECAYS[: min(4, configs)]
-    lrs = LRS[: max(1, configs // len(decays))]
-    if len(lrs) * len(decays) != configs:
-        raise SystemExit(f"--configs {configs}: use 1-4 or a multiple of 4 up to 32")
+    count = max(1, configs // len(decays))
+    if count <= len(LRS):
+        lrs = LRS[:count]
+    else:
+        lrs = [f"{0.1 * 1e-4 ** (i / (count - 1)):.4g}" for i in range(count)]
+    if count * len(decays) != configs:
+        raise SystemExit(f"--configs {configs}: use 1-4 or a multiple of 4")
     return [f"lr={','.join(lrs)}", f"weight_decay={','.join(decays)}"]
 
 
 def sweep(
-    work: Path, store: Path, mode: str, configs: int, epochs: int, accelerator: str = "cpu"
+    work: Path,
+    store: Path,
+    mode: str,
+    configs: int,
+    epochs: int,
+    accelerator: str = "cpu",
+    fuse_max: str | None = None,
 ) -> dict[str, Any]:
-    """One sweep of the grid with ``fuse=mode``: its times and each job's returned value."""
+    """One sweep of the grid with ``fuse=mode``: its times and each job's returned value.
+    ``fuse_max``: None, unset (learned)."""
     db = work / f"{mode}.db"
     shutil.copyfile(store, db)
     sweep_dir = work / f"sweep-{mode}-{epochs}"
@@ -65,6 +77,7 @@ def sweep(
             f"accelerator={accelerator}",
             f"hydra.sweep.dir={sweep_dir}",
             *grid(configs),
+            *([f"hydra.launcher.fuse_max={fuse_max}"] if fuse_max is not None else []),
         ],
     )
     done = run_command(command, cwd=work, env=_env(db)).check(f"the fuse={mode} sweep")
@@ -80,9 +93,18 @@ def sweep(
         "sweep_s": round(_sweep_seconds(done.output), 2),
         # jobs whose config trained in a fused group (the others say why not)
         "jobs_fused": sum(1 for n in values if "fused: trained with" in _job_log(sweep_dir / n)),
+        # each group's members and how many of them trained at once (fuse_max unset: learned)
+        "groups": sorted(
+            f"{members}x{width}"
+            for n in values
+            for members, width in _WIDTH_LINE.findall(_job_log(sweep_dir / n))
+        ),
         "values": values,
         "others_cpu_share": round(done.others_cpu_share, 3),
     }
+
+
+_WIDTH_LINE = re.compile(r"fused: (\d+) member\(s\) train (\d+) at a time")
 
 
 def _env(db: Path) -> dict[str, str]:
@@ -123,6 +145,11 @@ def main() -> None:
     parser.add_argument(
         "--accelerator", default="cpu", help="the app's Trainer's: cpu, or cuda on a GPU"
     )
+    parser.add_argument(
+        "--fuse-max",
+        default=None,
+        help="hydra.launcher.fuse_max of the fused sweep (unset: learned)",
+    )
     args = parser.parse_args()
     at_start = machine()
     rows = []
@@ -131,7 +158,9 @@ def main() -> None:
         store = empty_store(work / "empty.db")
         for epochs in args.epochs:
             alone = sweep(work, store, "off", args.configs, epochs, args.accelerator)
-            fused = sweep(work, store, "auto", args.configs, epochs, args.accelerator)
+            fused = sweep(
+                work, store, "auto", args.configs, epochs, args.accelerator, args.fuse_max
+            )
             diff = max(abs(fused["values"][k] - alone["values"][k]) for k in alone["values"])
             rows.append(
                 {

@@ -65,7 +65,7 @@ tests() {
     timeout -s INT -k 20 "$TESTS_S" python3 -m pytest -m gpu -n 0 -p no:cacheprovider -q -rfEs \
         --timeout 90 --durations 20 --junitxml "$OUT/gpu-tests.xml" \
         tests/contracts tests/test_devices.py tests/test_gpu_real.py \
-        tests/test_resource_trace.py tests/test_gpu_slots.py \
+        tests/test_resource_trace.py tests/test_gpu_slots.py tests/test_fusion_width.py \
         2>&1 | tee "$OUT/gpu-tests.log"
     return "${PIPESTATUS[0]}"
 }
