@@ -19,7 +19,7 @@ from furcate_hydra import env_vars
 from furcate_hydra.execution.fused_groups import FIRST_WIDTH, LEARNED_SEATS, FusedGroups
 from furcate_hydra.execution.job import Job
 from furcate_hydra.fusion import group_width
-from furcate_hydra.fusion.coordinator import Offer, Trained, lead
+from furcate_hydra.fusion.coordinator import Alone, Offer, Trained, lead
 from furcate_hydra.fusion.fit_call import read_fit_call
 from furcate_hydra.fusion.group_width import SizeTrial, Width, choose_width, learned_width
 from furcate_hydra.fusion.rendezvous import Joined, Leading
@@ -142,6 +142,13 @@ def test_members_trained_in_parts_each_end_on_their_own_runs_weights_shuffled_da
         L.Trainer(**QUIET, max_epochs=2).fit(alone, shuffled)
         for name, value in alone.state_dict().items():
             assert torch.equal(end.checkpoint["state_dict"][name], value), (index, name)
+
+
+def test_a_learning_leader_whose_others_never_came_runs_its_own_fit() -> None:
+    train, val = _loaders()
+    offer = Offer(read_fit_call(L.Trainer(**QUIET, max_epochs=1), _member(0, 0.1, 0.0), train, val))
+    ends = lead(Leading([Joined("job0", offer, None)]), fuse_max=99, min_gain=0.05)
+    assert ends == {"job0": Alone("no other config trains like it here")}
 
 
 def _jobs(tmp_path: Path, count: int) -> collections.deque[Job]:

@@ -120,7 +120,8 @@ def lead(
     candidates = [
         Candidate(key, offer.signature, tuple(offer.call.reasons)) for key, offer in offers.items()
     ]
-    grouping = form_groups(candidates, fuse_max if min_gain is None else len(candidates))
+    # learned: one group of every member alike (a leader whose others never came has 1)
+    grouping = form_groups(candidates, fuse_max if min_gain is None else max(len(candidates), 2))
     ends: dict[str, Alone | Trained] = {
         key: Alone(reason) for key, reason in grouping.alone.items()
     }
