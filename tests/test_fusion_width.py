@@ -184,6 +184,7 @@ def test_the_launcher_widens_groups_while_every_member_paid_and_narrows_to_a_lea
         assert len(second) == 2 * FIRST_WIDTH  # the first group's every member paid
         # both slots hold a group: seats are free on them, but no third leader shares a slot
         assert groups.take(queue, free=80, more_may_come=True, running=True) == []
+        assert groups.seats_free(80) == 0 and groups.seats_open(128) == 2 * 2 * FIRST_WIDTH
         _report(second[0], monkeypatch, 2 * FIRST_WIDTH, 8, rising=False)
         for job in first:
             groups.ended(job)
@@ -200,7 +201,7 @@ def test_a_set_fuse_max_is_every_groups_width_and_nothing_is_measured(tmp_path: 
     try:
         group = groups.take(queue, free=8, more_may_come=True, running=False)
         assert len(group) == 4 and env_vars.FUSE_MIN_GAIN not in group[0].env
-        assert groups.seats_open(8) == 8
+        assert groups.seats_open(8) == 8 and groups.seats_free(4) == 4  # the other slot's
     finally:
         groups.close()
 

@@ -88,10 +88,13 @@ class FusedGroups:
         return max(self.homes - len(self._running), 0)
 
     def seats_open(self, seats: int) -> int:
-        """Of a pool's ``seats`` (free or all), those groups of the current width can use."""
-        if self.min_gain is None:
-            return seats
+        """Of a pool's ``seats``, those groups of the current width can fill."""
         return min(seats, self.homes * self.width)
+
+    def seats_free(self, idle: int) -> int:
+        """Of a pool's ``idle`` seats, those groups of the current width can fill now: on the
+        slots no group holds."""
+        return min(idle, self.free_homes * self.width)
 
     def take(
         self, queue: collections.deque[Job], free: int, more_may_come: bool, running: bool

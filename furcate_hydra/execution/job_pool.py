@@ -100,8 +100,8 @@ class JobPool:
 
     @property
     def idle_slots(self) -> int:
-        if self._groups is not None:
-            return self._groups.seats_open(self._transport.idle_slots)
+        if self._groups is not None:  # a slot another group holds has none for a new one
+            return self._groups.seats_free(self._transport.idle_slots)
         return self._transport.idle_slots
 
     @property
