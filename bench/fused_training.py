@@ -12,7 +12,9 @@ says which.
 Models: ``mlp`` (32 -> 64 -> 10 on 2,048 fixed samples, batches of 64), ``cnn`` (two 3x3
 convolutions of 8 and 16 channels on 1x28x28 inputs, 1,024 samples, batches of 64).
 Figures: wall time, samples/s summed over the members, peak RSS less the process's RSS
-before training, per member (on a GPU also torch's peak CUDA memory per member).
+before training, per member (on a GPU also torch's peak CUDA memory per member); and what a
+learning leader (``fuse_max`` unset) measures of the N members: each size's share of a step
+and memory, and the width it chooses.
 
     python bench/fused_training.py                       # mlp and cnn, N = 8, 32, 128
     python bench/fused_training.py --models mlp --sizes 8 16
@@ -94,6 +96,8 @@ def _one(model: str, variant: str, count: int, device: str) -> dict[str, Any]:
     for i, (lr, decay) in enumerate(configs):
         torch.manual_seed(i)
         modules.append(Small(lr, decay))
+    if variant == "width":  # what a learning leader measures of these N members
+        return _width(model, modules, loader, torch.device(device))
     before = _rss_mib()
     began = time.perf_counter()
     mode = "-"
@@ -130,6 +134,35 @@ def _one(model: str, variant: str, count: int, device: str) -> dict[str, Any]:
     }
 
 
+def _width(model: str, modules: list[Any], loader: Any, device: Any) -> dict[str, Any]:
+    """``fuse_max`` unset: the leader's measurement of these members, each size's share of a
+    step and memory, and the width it chooses (auto_min_gain's default, 5 %)."""
+    from furcate_hydra.fusion.fused_fit import to_device
+    from furcate_hydra.fusion.group_width import learned_width
+    from furcate_hydra.fusion.sample_batch import sample_batch
+
+    optimizers = [m.configure_optimizers() for m in modules]
+    batch = to_device(sample_batch(loader), device)
+    width = learned_width(modules, optimizers, batch, 1, device, 0.05)
+    return {
+        "model": model,
+        "variant": "width",
+        "members": len(modules),
+        "device": device.type,
+        "width": width.width,
+        "why": width.why,
+        "trials": [
+            {
+                "size": t.size,
+                "per_member_ms": round(t.per_member_s * 1e3, 4),
+                "memory_mib": round(t.memory_bytes / 2**20, 2),
+                "mode": t.mode,
+            }
+            for t in width.trials
+        ],
+    }
+
+
 def _rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -154,6 +187,13 @@ def _table(rows: list[dict[str, Any]]) -> None:
             f"{alone['peak_mib_per_member']:>8.2f}/{fused['peak_mib_per_member']:<8.2f} "
             f"{fused['step_mode']}"
         )
+    for row in (r for r in rows if r["variant"] == "width"):
+        shares = ", ".join(
+            f"{t['per_member_ms']:.3g} ms/{t['memory_mib']:.3g} MiB at {t['size']}"
+            for t in row["trials"]
+        )
+        print(f"{row['model']:5} {row['members']:>4} width {row['width']}: {row['why']}")
+        print(f"           a member's share of a step / memory: {shares}")
 
 
 def main() -> None:
@@ -175,7 +215,7 @@ def main() -> None:
     rows = []
     for model in args.models:
         for count in args.sizes:
-            for variant in ("alone", "fused"):
+            for variant in ("alone", "fused", "width"):
                 done = subprocess.run(
                     [sys.executable, __file__, "--one", model, variant, str(count), args.device],
                     capture_output=True, text=True, check=True,
