@@ -82,19 +82,20 @@ def metric_history(uri: str, run_id: str, key: str) -> list[float]:
     return [m.value for m in MlflowClient(uri).get_metric_history(run_id, key)]
 
 
-@pytest.mark.parametrize("logger", ["csv", "mlflow"])
 @pytest.mark.parametrize("namespace", NAMESPACES)
 def test_every_metric_the_app_logs_lands_in_its_jobs_run(
-    tmp_path: Path, mlflow_store: str, namespace: str, logger: str
+    tmp_path: Path, mlflow_store: str, namespace: str
 ) -> None:
     app, work = app_in(namespace, tmp_path), tmp_path / "work"
-    sweep_dir = sweep(app, work, "model.lr=0.05,0.1", "trainer.max_epochs=2", f"logger={logger}")
+    # both loggers the app offers, in one sweep: a job per (logger, lr)
+    sweep_dir = sweep(app, work, "logger=csv,mlflow", "model.lr=0.05,0.1", "trainer.max_epochs=2")
 
     runs = job_runs(mlflow_store)
     # one run per job, whichever logger the app chose, and no store of the logger's own
-    assert len(runs) == 2 and len(all_runs(mlflow_store)) == 3
+    assert len(runs) == 4 and len(all_runs(mlflow_store)) == 5
     assert not (work / "logs" / "mlflow").exists() and not (work / "mlruns").exists()
     assert not (work / "lightning_logs").exists()  # the job's files are in its own dir
+    loggers = []
     for run in runs:
         assert run.info.status == "FINISHED"
         assert len(metric_history(mlflow_store, run.info.run_id, "val/acc")) == 2
@@ -107,7 +108,9 @@ def test_every_metric_the_app_logs_lands_in_its_jobs_run(
         said = [line for line in job_log(job_dir).splitlines() if "furcate: the app's" in line]
         assert len(said) == 1, job_log(job_dir)
         assert f"the app's {namespace} Trainer gets a fresh start" in said[0]
-        if logger == "mlflow":
+        (logger,) = [o for o in run.data.tags[Tags.OVERRIDES].split() if o.startswith("logger=")]
+        loggers.append(logger)
+        if logger == "logger=mlflow":
             assert "the app's MLFlowLogger, bound to it; its experiment_name=" in said[0]
         else:
             assert "an MLFlowLogger added beside CSVLogger" in said[0]
@@ -117,6 +120,7 @@ def test_every_metric_the_app_logs_lands_in_its_jobs_run(
         assert (job_dir / JobPaths.PROGRESS).is_file() and (job_dir / "final.ckpt").is_file()
         assert (job_dir / JobPaths.CHECKPOINTS / "last.json").is_file()
         assert (job_dir / "checkpoints" / "last.ckpt").is_file()  # the app's own, untouched
+    assert sorted(loggers) == ["logger=csv"] * 2 + ["logger=mlflow"] * 2
 
 
 @pytest.mark.slow  # CI runs it: a sweep interrupted, run again, and a reference sweep
