@@ -107,10 +107,10 @@ class FusedGroups:
         one of 16 and an idle slot). A group starts only on a slot no other group holds, once
         seats for all of it are free, unless nothing runs that could free more.
         """
+        if not queue or not self.free_homes:
+            return []  # (no report is read then: this runs on every submit and wait)
         self._learn()
         width = self.width
-        if not queue or not self.free_homes:
-            return []
         if more_may_come and len(queue) < width * self.free_homes:
             return []
         want = width
