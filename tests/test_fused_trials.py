@@ -179,10 +179,13 @@ def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never
     tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
 ) -> None:
     grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "epochs=4", "sample_sleep=0.04"]
+    # the four train at once: with the width learned, a busy machine can answer 2, and then
+    # the first two would end before the last two reached their second epoch
+    fused = ["hydra.launcher.fuse=auto", "hydra.launcher.fuse_max=4"]
     work = tmp_path
     command = [
-        sys.executable, str(APP), "-m", FURCATE, "hydra.launcher.max_workers=1",
-        "hydra.launcher.fuse=auto", f"hydra.sweep.dir={work / 'first'}", *grid,
+        sys.executable, str(APP), "-m", FURCATE, "hydra.launcher.max_workers=1", *fused,
+        f"hydra.sweep.dir={work / 'first'}", *grid,
     ]  # fmt: skip
     first = subprocess.Popen(
         command, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -199,7 +202,7 @@ def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never
     assert still_alive(jobs, timeout=30) == []
     assert all(epochs_kept(work / "first" / str(j)) < 4 for j in range(4))  # mid-training
 
-    _, said = sweep(work, "second", "hydra.launcher.fuse=auto", *grid)
+    _, said = sweep(work, "second", *fused, *grid)
     assert "4 finished" in said
     alone_store = sweep_alone(work, empty_mlflow_db, *grid[:-1])
     resumed, alone = by_overrides(mlflow_store), by_overrides(alone_store)
@@ -272,7 +275,8 @@ def test_a_preempted_group_is_queued_again_and_every_member_resumes_from_its_las
     grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "epochs=4", "sample_sleep=0.04"]
     command = [
         sys.executable, str(APP), "-m", FURCATE, "hydra.launcher.max_workers=1",
-        "hydra.launcher.fuse=auto", f"hydra.sweep.dir={tmp_path / 'sweep'}", *grid,
+        "hydra.launcher.fuse=auto", "hydra.launcher.fuse_max=4",  # all four mid-training
+        f"hydra.sweep.dir={tmp_path / 'sweep'}", *grid,
     ]  # fmt: skip
     launcher = subprocess.Popen(
         command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
