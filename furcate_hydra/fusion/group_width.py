@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from furcate_hydra.fusion.host_memory import available_bytes
 from furcate_hydra.fusion.optimizer import FusedOptimizer, optimized_names
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.vmapped_step import STEP_MODES, StepFn, vmapped_step
@@ -199,7 +200,6 @@ def _streams_kept(device: torch.device) -> Iterator[None]:
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-_MEMINFO = Path("/proc/meminfo")
 
 
 def _memory_free(device: torch.device) -> int | None:
@@ -207,8 +207,8 @@ def _memory_free(device: torch.device) -> int | None:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * MEMORY_SHARE)
-    available = _kib_field(_MEMINFO, "MemAvailable")
-    return None if available is None else int(available * 1024 * MEMORY_SHARE)
+    available = available_bytes()  # the host's, or less where a memory cgroup bounds it
+    return None if available is None else int(available * MEMORY_SHARE)
 
 
 def _memory_held(device: torch.device) -> int:
