@@ -27,7 +27,7 @@ def start_writer(root: Path, epochs: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(APPS / "checkpoint_writer.py"), str(root), str(epochs)],
         cwd=root,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]])},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -37,7 +37,7 @@ def furcate(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", FURCATE, *args],
         cwd=where,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]])},
         capture_output=True,
         text=True,
         timeout=120,

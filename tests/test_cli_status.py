@@ -141,7 +141,7 @@ def test_a_running_sweep_then_its_killed_launcher(
     done = subprocess.run(
         [sys.executable, "-c", CLI_IMPORTS, "status", "--json"],
         cwd=elsewhere,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]])},
         capture_output=True,
         text=True,
         timeout=120,
