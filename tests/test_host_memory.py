@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from furcate_hydra.fusion.host_memory import available_bytes
+from furcate_hydra.fusion.host_memory import (
+    available_bytes,
+    peak_resident_bytes,
+    resident_bytes,
+    restart_peak,
+)
 
 GIB = 1 << 30
 
@@ -97,3 +102,19 @@ def test_on_this_machine_it_is_at_most_what_the_host_has_available() -> None:
     here = available_bytes()
     # MemAvailable moves between the two reads: within 256 MiB of it, or a cgroup's less
     assert here is not None and 0 < here <= int(line.split()[1]) * 1024 + (256 << 20)
+
+
+def test_the_resident_size_and_its_peak_are_read_from_the_process_status(tmp_path: Path) -> None:
+    proc, _ = host(tmp_path, "0::/\n")
+    (proc / "self" / "status").write_text("Name:\tpython\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n")
+    assert (resident_bytes(proc), peak_resident_bytes(proc)) == (1024 * 1024, 2048 * 1024)
+    assert (resident_bytes(tmp_path), peak_resident_bytes(tmp_path)) == (0, 0)  # unknown
+
+
+def test_on_this_machine_a_restarted_peak_starts_again_from_the_resident_size() -> None:
+    held = bytearray(64 << 20)  # resident now, and then dropped: the peak stays above
+    held[::4096] = b"x" * len(held[::4096])
+    del held
+    assert peak_resident_bytes() > resident_bytes() + (32 << 20)
+    assert restart_peak()
+    assert peak_resident_bytes() < resident_bytes() + (32 << 20)

@@ -20,12 +20,16 @@ import copy
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from furcate_hydra.fusion.host_memory import available_bytes
+from furcate_hydra.fusion.host_memory import (
+    available_bytes,
+    peak_resident_bytes,
+    resident_bytes,
+    restart_peak,
+)
 from furcate_hydra.fusion.optimizer import FusedOptimizer, optimized_names
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.vmapped_step import STEP_MODES, StepFn, vmapped_step
@@ -198,9 +202,6 @@ def _streams_kept(device: torch.device) -> Iterator[None]:
 
 # -- memory: CUDA's allocator on a GPU, the process's resident size on a CPU -----------------
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
 
 def _memory_free(device: torch.device) -> int | None:
     """What the widest group may take: a share of what is free now (None: unknown)."""
@@ -214,7 +215,7 @@ def _memory_free(device: torch.device) -> int | None:
 def _memory_held(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
-    return (_kib_field(_STATUS, "VmRSS") or 0) * 1024
+    return resident_bytes()
 
 
 def _reset_peak(device: torch.device) -> bool:
@@ -222,25 +223,11 @@ def _reset_peak(device: torch.device) -> bool:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return True
-    try:
-        _CLEAR_REFS.write_text("5")  # Linux: the peak resident size starts again from now
-    except OSError:
-        return False
-    return True
+    return restart_peak()
 
 
 def _memory_peak(device: torch.device) -> int:
     """The peak since ``_reset_peak`` (0: not measured here)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return (_kib_field(_STATUS, "VmHWM") or 0) * 1024
-
-
-def _kib_field(path: Path, name: str) -> int | None:
-    try:
-        for line in path.read_text().splitlines():
-            if line.startswith(f"{name}:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return peak_resident_bytes()

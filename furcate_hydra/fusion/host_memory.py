@@ -1,5 +1,7 @@
-"""What this process may still take of the host's memory: the kernel's ``MemAvailable``, or
-less where a memory cgroup bounds it (a container's limit, a Slurm job's allocation).
+"""This process and the host's memory, as Linux's ``/proc`` and cgroups tell it: what the
+process holds (resident size), its peak since a restart, and what it may still take: the
+kernel's ``MemAvailable``, or less where a memory cgroup bounds it (a container's limit, a
+Slurm job's allocation).
 
 Inside a container or a Slurm step ``/proc/meminfo`` describes the whole machine, but the OOM
 killer acts at the cgroup's limit. So the headroom is also read from the process's memory
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["available_bytes"]
+__all__ = ["available_bytes", "peak_resident_bytes", "resident_bytes", "restart_peak"]
 
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit value; anything this
 # large is no bound on any machine
@@ -28,6 +30,25 @@ def available_bytes(
     """Bytes this process may still take (None: neither ``MemAvailable`` nor a cgroup says)."""
     bounds = [b for b in (_mem_available(proc), *_cgroup_headrooms(proc, cgroups)) if b is not None]
     return min(bounds) if bounds else None
+
+
+def resident_bytes(proc: Path = Path("/proc")) -> int:
+    """This process's resident size now (0: unknown)."""
+    return (_field(proc / "self" / "status", "VmRSS:") or 0) * 1024
+
+
+def peak_resident_bytes(proc: Path = Path("/proc")) -> int:
+    """This process's peak resident size since it started or ``restart_peak`` (0: unknown)."""
+    return (_field(proc / "self" / "status", "VmHWM:") or 0) * 1024
+
+
+def restart_peak(proc: Path = Path("/proc")) -> bool:
+    """Start the peak resident size again from now; False: it cannot be here."""
+    try:
+        (proc / "self" / "clear_refs").write_text("5")  # Linux: resets VmHWM to VmRSS
+    except OSError:
+        return False
+    return True
 
 
 def _mem_available(proc: Path) -> int | None:
