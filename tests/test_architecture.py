@@ -26,6 +26,7 @@ SHARED = (
     "furcate_hydra.sqlite_health",
     "furcate_hydra.sqlite_lock",
     "furcate_hydra.preemption",
+    "furcate_hydra.quick_exit",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 # The execution layer sets variables in a job's environment (a slot's GPU count) by their

@@ -155,6 +155,8 @@ class LauncherOptions:
     training: TrainingOptions
     # seconds between samples of each running job's resources; 0: no trace
     trace_interval_s: float
+    # at exit: the sweep's stores closed, the interpreter's teardown left to the system
+    fast_exit: bool
     backend: Backend = Backend.LOCAL
     ray: RayOptions = field(default_factory=RayOptions)
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
@@ -171,6 +173,7 @@ class LauncherOptions:
                 _flag(options, "fail_fast"),
                 TrainingOptions.parse(options),
                 _trace_interval(options["trace_interval_s"]),
+                _flag(options, "fast_exit"),
                 Backend.parse(options["backend"]),
                 RayOptions.parse(plain(options["ray"])),
                 SlurmOptions.parse(plain(options["slurm"])),

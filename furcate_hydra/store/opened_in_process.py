@@ -21,7 +21,12 @@ from typing import Any
 
 from furcate_hydra.store.tracking_uri import TrackingUri, creating_store
 
-__all__ = ["build_store_for_forks", "load_run_for_forks", "set_aside_inherited_connections"]
+__all__ = [
+    "build_store_for_forks",
+    "close_mlflow_connections",
+    "load_run_for_forks",
+    "set_aside_inherited_connections",
+]
 
 # A fork's inherited pools (with the parent's connections): referenced, never used. The fork
 # and its jobs end by ``os._exit``: nothing closes them then.
@@ -65,6 +70,14 @@ def load_run_for_forks(tracking_uri: str, run_id: str) -> None:
         MlflowClient(tracking_uri).get_run(run_id)
 
 
+def close_mlflow_connections() -> None:
+    """Close every connection this process opened to MLflow's databases (the stores stay
+    cached and usable: they connect again when used). Closing a sqlite store's last
+    connection folds its WAL file into the database file."""
+    for engine in _mlflow_engines():
+        engine.dispose()  # this process's own connections: closed, the pool left empty
+
+
 @contextmanager
 def _own_connections_closed() -> Iterator[None]:
     """Run the block, then close every connection this process opened, whether the block
@@ -75,8 +88,7 @@ def _own_connections_closed() -> Iterator[None]:
     except Exception:  # the job opens the store again and says what is wrong
         pass
     finally:
-        for engine in _mlflow_engines():
-            engine.dispose()  # this process's own connections: closed, the pool left empty
+        close_mlflow_connections()
 
 
 def _mlflow_engines() -> list[Any]:

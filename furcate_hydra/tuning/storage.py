@@ -13,6 +13,7 @@ from optuna.storages import RDBStorage
 
 from furcate_hydra.addresses import StoreAddress
 from furcate_hydra.errors import FurcateConfigError
+from furcate_hydra.quick_exit import close_at_exit
 from furcate_hydra.sqlite_health import sqlite_damage
 from furcate_hydra.sqlite_lock import creating_sqlite_schema
 
@@ -27,6 +28,13 @@ _CREATE_ATTEMPTS = 5
 def rdb_storage(url: str, *, create_tables: bool = True) -> RDBStorage:
     """An RDB storage that waits for sqlite's lock; ``create_tables=False`` where the study is
     known to exist (a trial's job), so that no job runs Optuna's table set-up."""
+    storage = _rdb_storage(url, create_tables)
+    # where the process ends quickly (the launcher's), its connections are closed first
+    close_at_exit(storage.engine.dispose)
+    return storage
+
+
+def _rdb_storage(url: str, create_tables: bool) -> RDBStorage:
     engine_kwargs: dict[str, Any] = {}
     address = StoreAddress.parse(url)
     if address.is_sqlite:

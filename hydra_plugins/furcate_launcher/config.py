@@ -175,6 +175,10 @@ class FurcateLauncherConf:
     # metrics in its run, peaks in run_data); 0 turns the trace off (typed Any so that a bad
     # value gets furcate's message)
     trace_interval_s: Any = 10.0
+    # when the command ends, close the sweep's stores, then leave the interpreter's teardown
+    # of torch's and MLflow's objects (~2 s) to the operating system; false: Python's usual
+    # exit
+    fast_exit: bool = True
     # the results store: every job a run, finished configs skipped, interrupted ones resumed
     mlflow: MlflowConf = field(default_factory=MlflowConf)
     # which recorded configs run again: failed (FAILED and KILLED), all, none

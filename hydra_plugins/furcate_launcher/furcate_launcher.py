@@ -53,6 +53,8 @@ class FurcateLauncher(Launcher):
         # Here, not in __init__, where Hydra would wrap the error in its own: a bad option stops
         # the app with a plain message before anything starts.
         self.options = self.parse_options(self.raw_options)
+        if self.options.fast_exit:
+            self._end_quickly()
         if self.options.backend.value == "slurm":  # the login node: allocations run it all
             from furcate_hydra.slurm.submit_sweep import submit_sweep
 
@@ -148,6 +150,16 @@ class FurcateLauncher(Launcher):
         ):
             raise RuntimeError("FurcateLauncher.setup() must be called before launching jobs")
         return self.options, self.hydra_context, self.task_function, self.config
+
+    def _end_quickly(self) -> None:
+        """At the process's exit: this launcher's sweep ended and recorded, then MLflow's
+        connections closed, then the rest of the heap left to the system (quick_exit)."""
+        from furcate_hydra.quick_exit import close_at_exit, end_quickly
+        from furcate_hydra.store.opened_in_process import close_mlflow_connections
+
+        end_quickly()
+        close_at_exit(self.close)
+        close_at_exit(close_mlflow_connections)  # (moved after every launcher's close)
 
     def close(self) -> None:
         """Stop the warm pool and every job still running; idempotent."""
