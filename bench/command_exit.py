@@ -1,0 +1,125 @@
+"""The command's end: from a sweep's last job ending to the user's prompt, with
+``hydra.launcher.fast_exit`` (the default) against Python's usual exit (``fast_exit=false``,
+the anchor), in the same rounds.
+
+Every command is a fresh ``python bench/apps/startup_torch_app.py -m i=0,1`` (its module
+imports torch and pytorch_lightning, as a Lightning app's does) in its own directory with an
+empty MLflow store (``mlflow.db``, the launcher's default), so the launcher holds what a
+user's does at its end: torch, Lightning, Hydra, MLflow and its SQL store. The tail is the
+command's end less the later of its jobs' ends (each job writes the time its task ended);
+Hydra's basic launcher (no MLflow) runs the same sweep for scale. After each furcate command
+the store must be whole on its own: no ``mlflow.db-wal`` left beside it, every run ended.
+
+Variants take turns within a round; figures are medians over rounds, with the share of the
+machine's CPU other processes used meanwhile.
+
+    python bench/command_exit.py              # 5 rounds, ~2 min on 2 cores
+    python bench/command_exit.py --rounds 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.commands import ROOT, app_command, empty_store, run_command
+from bench.harness import machine, publish
+
+APP = ROOT / "bench" / "apps" / "startup_torch_app.py"
+VARIANTS = {
+    "fast_exit": ["hydra.launcher.fast_exit=true"],
+    "usual_exit": ["hydra.launcher.fast_exit=false"],  # the anchor
+    "basic": ["hydra/launcher=basic"],
+}
+
+
+def one_command(root: Path, template: Path, variant: str, r: int) -> dict[str, Any]:
+    """One sweep of two jobs under ``variant``: its tail, its wall time, its store's state."""
+    run_dir = root / f"{variant}-{r}"
+    run_dir.mkdir()
+    shutil.copy(template, run_dir / "mlflow.db")
+    sweep_dir = run_dir / "sweep"
+    overrides = ["i=0,1", "d=0", f"hydra.sweep.dir={sweep_dir}", *VARIANTS[variant]]
+    env = _env_without_tracking_uri()
+    done = run_command(app_command(APP, overrides), cwd=run_dir, env=env).check(variant)
+    ends = [json.loads(p.read_text())["ended_at"] for p in sweep_dir.glob("*/times.json")]
+    if len(ends) != 2:
+        raise RuntimeError(f"{variant}: {len(ends)} of 2 jobs wrote their times")
+    figures: dict[str, Any] = {
+        "tail_s": round(done.ended - max(ends), 3),
+        "wall_s": round(done.wall_s, 3),
+        "others_cpu_share": done.others_cpu_share,
+    }
+    if variant != "basic":
+        figures["wal_left"] = (run_dir / "mlflow.db-wal").exists()
+        figures["runs_not_ended"] = _runs_not_ended(run_dir / "mlflow.db")
+    return figures
+
+
+def _env_without_tracking_uri() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
+def _runs_not_ended(store: Path) -> int:
+    """Runs in the store without an end time (the sweep's and its jobs'), read by sqlite."""
+    with sqlite3.connect(store) as connection:
+        (count,) = connection.execute("SELECT COUNT(*) FROM runs WHERE end_time IS NULL").fetchone()
+    return int(count)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    at_start = machine()
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="furcate-command-exit-") as tmp:
+        root = Path(tmp)
+        template = empty_store(root / "empty.db")
+        for r in range(args.rounds):
+            names = list(VARIANTS)
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # turns
+                rounds[name].append(one_command(root, template, name, r))
+    figures: dict[str, Any] = {"rounds": rounds}
+    for name, runs in rounds.items():
+        figures[name] = {
+            "tail_s": statistics.median(run["tail_s"] for run in runs),
+            "wall_s": statistics.median(run["wall_s"] for run in runs),
+            "others_cpu_share": max(run["others_cpu_share"] for run in runs),
+        }
+        if name != "basic":
+            figures[name]["wal_left"] = sum(run["wal_left"] for run in runs)
+            figures[name]["runs_not_ended"] = sum(run["runs_not_ended"] for run in runs)
+    figures["tail_ratio"] = round(
+        figures["fast_exit"]["tail_s"] / figures["usual_exit"]["tail_s"], 3
+    )
+    figures["wall_ratio"] = round(
+        figures["fast_exit"]["wall_s"] / figures["usual_exit"]["wall_s"], 3
+    )
+    publish("command_exit", at_start, figures, _show)
+
+
+def _show(figures: dict[str, Any]) -> None:
+    print(f"{'variant':>10} {'tail s':>7} {'wall s':>7} {'WAL left':>8} {'not ended':>9}")
+    for name in VARIANTS:
+        row = figures[name]
+        print(
+            f"{name:>10} {row['tail_s']:>7.2f} {row['wall_s']:>7.2f} "
+            f"{row.get('wal_left', '-'):>8} {row.get('runs_not_ended', '-'):>9}"
+        )
+    print(
+        f"fast_exit / usual exit: tail {figures['tail_ratio']:.3f} x, "
+        f"command {figures['wall_ratio']:.3f} x"
+    )
+
+
+if __name__ == "__main__":
+    main()
