@@ -10,10 +10,14 @@ command's end less the later of its jobs' ends (each job writes the time its tas
 Hydra's basic launcher (no MLflow) runs the same sweep for scale. After each furcate command
 the store must be whole on its own: no ``mlflow.db-wal`` left beside it, every run ended.
 
+The same for the ``furcate`` command: ``furcate status`` of the round's fast_exit sweep, as
+installed, against the same command with its quick exit switched off in its process (the
+anchor; the command has no option for it), in turns.
+
 Variants take turns within a round; figures are medians over rounds, with the share of the
 machine's CPU other processes used meanwhile.
 
-    python bench/command_exit.py              # 5 rounds, ~2 min on 2 cores
+    python bench/command_exit.py              # 5 rounds, ~2.5 min on 2 cores
     python bench/command_exit.py --rounds 9
 """
 
@@ -62,6 +66,27 @@ def one_command(root: Path, template: Path, variant: str, r: int) -> dict[str, A
     return figures
 
 
+STATUS = {
+    "status_fast": "from furcate_hydra.cli.main import main",
+    # the anchor: the same command with the process's quick exit never installed
+    "status_usual": "import furcate_hydra.quick_exit as q\n"
+    "q.end_quickly = lambda: None\n"
+    "from furcate_hydra.cli.main import main",
+}
+
+
+def status_command(run_dir: Path, variant: str) -> float:
+    """Wall time of ``furcate status`` of ``run_dir``'s sweep, its store the default one."""
+    import sys
+
+    code = f"import sys\n{STATUS[variant]}\nsys.exit(main(['status', sys.argv[1]]))"
+    command = [sys.executable, "-c", code, str(run_dir / "sweep")]
+    done = run_command(command, cwd=run_dir, env=_env_without_tracking_uri()).check(variant)
+    if "FINISHED" not in done.stdout:
+        raise RuntimeError(f"{variant}: no status read:\n{done.stdout[-2000:]}")
+    return round(done.wall_s, 3)
+
+
 def _env_without_tracking_uri() -> dict[str, str]:
     import os
 
@@ -81,6 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     at_start = machine()
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
+    status: dict[str, list[float]] = {name: [] for name in STATUS}
     with tempfile.TemporaryDirectory(prefix="furcate-command-exit-") as tmp:
         root = Path(tmp)
         template = empty_store(root / "empty.db")
@@ -88,7 +114,14 @@ def main() -> None:
             names = list(VARIANTS)
             for name in names[r % len(names) :] + names[: r % len(names)]:  # turns
                 rounds[name].append(one_command(root, template, name, r))
-    figures: dict[str, Any] = {"rounds": rounds}
+            for name in list(STATUS)[r % 2 :] + list(STATUS)[: r % 2]:
+                status[name].append(status_command(root / f"fast_exit-{r}", name))
+    figures: dict[str, Any] = {"rounds": rounds, "status_rounds": status}
+    for name, walls in status.items():
+        figures[name] = {"wall_s": statistics.median(walls)}
+    figures["status_ratio"] = round(
+        figures["status_fast"]["wall_s"] / figures["status_usual"]["wall_s"], 3
+    )
     for name, runs in rounds.items():
         figures[name] = {
             "tail_s": statistics.median(run["tail_s"] for run in runs),
@@ -118,6 +151,10 @@ def _show(figures: dict[str, Any]) -> None:
     print(
         f"fast_exit / usual exit: tail {figures['tail_ratio']:.3f} x, "
         f"command {figures['wall_ratio']:.3f} x"
+    )
+    print(
+        f"furcate status: {figures['status_fast']['wall_s']:.2f} s against "
+        f"{figures['status_usual']['wall_s']:.2f} s = {figures['status_ratio']:.3f} x"
     )
 
 

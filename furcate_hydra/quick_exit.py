@@ -1,5 +1,6 @@
-"""How the launcher's process ends: what must end cleanly is closed first, and the rest of
-its heap is left to the operating system instead of being taken apart object by object.
+"""How the launcher's process (and the ``furcate`` command's) ends: what must end cleanly is
+closed first, and the rest of its heap is left to the operating system instead of being taken
+apart object by object.
 
 After a sweep, the user's ``python train.py -m ...`` holds torch's, Lightning's and MLflow's
 modules, millions of objects. At its exit CPython clears every module and runs full garbage
@@ -12,7 +13,8 @@ of the collector's reach, so that its last collections have nothing to walk. Exi
 and ``weakref.finalize`` callbacks still run, and what the teardown frees by reference count
 (an open file, mostly) is still closed; only objects in reference cycles go unfinalized.
 
-Stdlib only: the launcher and the tuning layer both register what they opened.
+Stdlib only: the launcher, the ``furcate`` command and the tuning layer register what they
+opened.
 """
 
 from __future__ import annotations

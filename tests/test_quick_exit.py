@@ -174,6 +174,35 @@ def test_a_cli_sweep_records_its_end_and_closes_its_store_before_the_freeze(
     }
 
 
+def test_the_furcate_command_closes_the_store_it_read_before_the_freeze(
+    tmp_path: Path, empty_mlflow_db: Path
+) -> None:
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(empty_mlflow_db.read_bytes())
+    uri = f"sqlite:///{store}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "EXIT_REPORT": str(tmp_path / "exit.json")}
+    sweep = tmp_path / "sweep"
+    args = ("-m", "+i=0", "hydra/launcher=furcate", f"hydra.sweep.dir={sweep}")
+    assert run_cli(APPS / "exit_app.py", *args, cwd=tmp_path, env=env).returncode == 0
+    assert not Path(f"{store}-wal").exists()  # the sweep's launcher closed it
+    done, seen = run_script(
+        tmp_path,
+        f"""
+        from pathlib import Path
+        os.environ["MLFLOW_TRACKING_URI"] = {uri!r}
+        wal = Path({str(store)!r} + "-wal")
+        atexit.register(lambda: extra.update(wal_at_end=wal.exists()))  # after the command's
+        from furcate_hydra.cli.main import main
+        extra["code"] = main(["ls"])  # MLflow opens the store (WAL journaling: a -wal file)
+        extra["wal_while_open"] = wal.exists()
+        """,
+    )
+    ((_, at_end),) = seen.items()
+    assert at_end["code"] == 0 and str(sweep) in done.stdout
+    assert at_end["wal_while_open"] is True
+    assert at_end["wal_at_end"] is False and at_end["frozen"] > 1000
+
+
 def test_a_fast_exit_that_is_not_a_flag_stops_the_cli(tmp_path: Path) -> None:
     done = run_cli(
         APPS / "exit_app.py",

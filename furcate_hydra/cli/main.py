@@ -17,6 +17,7 @@ USAGE_ERROR = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _end_quickly()
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -26,6 +27,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     except BrokenPipeError:  # `furcate status | head`
         return 0
+
+
+def _end_quickly() -> None:
+    """The command's process ends without taking MLflow's modules apart (~0.75 s of a
+    ``furcate status``), its MLflow connections closed first (``quick_exit``)."""
+    from furcate_hydra.quick_exit import close_at_exit, end_quickly
+    from furcate_hydra.store.opened_in_process import close_mlflow_connections
+
+    end_quickly()
+    close_at_exit(close_mlflow_connections)
 
 
 def _status(args: argparse.Namespace) -> int:
