@@ -24,16 +24,18 @@ machine's CPU other processes used meanwhile.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import shutil
 import sqlite3
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench.commands import ROOT, app_command, empty_store, run_command
 from bench.harness import machine, publish
+from bench.startup import code_env, fresh_dir, rotated
 
 APP = ROOT / "bench" / "apps" / "startup_torch_app.py"
 VARIANTS = {
@@ -43,15 +45,13 @@ VARIANTS = {
 }
 
 
-def one_command(root: Path, template: Path, variant: str, r: int) -> dict[str, Any]:
-    """One sweep of two jobs under ``variant``: its tail, its wall time, its store's state."""
-    run_dir = root / f"{variant}-{r}"
-    run_dir.mkdir()
-    shutil.copy(template, run_dir / "mlflow.db")
+def one_command(run_dir: Path, variant: str) -> dict[str, Any]:
+    """One sweep of two jobs under ``variant`` in ``run_dir`` (``fresh_dir``'s): its tail, its
+    wall time, its store's state."""
     sweep_dir = run_dir / "sweep"
     overrides = ["i=0,1", "d=0", f"hydra.sweep.dir={sweep_dir}", *VARIANTS[variant]]
-    env = _env_without_tracking_uri()
-    done = run_command(app_command(APP, overrides), cwd=run_dir, env=env).check(variant)
+    done = run_command(app_command(APP, overrides), cwd=run_dir, env=code_env(None))
+    done.check(variant)
     ends = [json.loads(p.read_text())["ended_at"] for p in sweep_dir.glob("*/times.json")]
     if len(ends) != 2:
         raise RuntimeError(f"{variant}: {len(ends)} of 2 jobs wrote their times")
@@ -77,25 +77,17 @@ STATUS = {
 
 def status_command(run_dir: Path, variant: str) -> float:
     """Wall time of ``furcate status`` of ``run_dir``'s sweep, its store the default one."""
-    import sys
-
     code = f"import sys\n{STATUS[variant]}\nsys.exit(main(['status', sys.argv[1]]))"
     command = [sys.executable, "-c", code, str(run_dir / "sweep")]
-    done = run_command(command, cwd=run_dir, env=_env_without_tracking_uri()).check(variant)
+    done = run_command(command, cwd=run_dir, env=code_env(None)).check(variant)
     if "FINISHED" not in done.stdout:
         raise RuntimeError(f"{variant}: no status read:\n{done.stdout[-2000:]}")
     return round(done.wall_s, 3)
 
 
-def _env_without_tracking_uri() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-
-
 def _runs_not_ended(store: Path) -> int:
     """Runs in the store without an end time (the sweep's and its jobs'), read by sqlite."""
-    with sqlite3.connect(store) as connection:
+    with contextlib.closing(sqlite3.connect(store)) as connection:
         (count,) = connection.execute("SELECT COUNT(*) FROM runs WHERE end_time IS NULL").fetchone()
     return int(count)
 
@@ -111,11 +103,12 @@ def main() -> None:
         root = Path(tmp)
         template = empty_store(root / "empty.db")
         for r in range(args.rounds):
-            names = list(VARIANTS)
-            for name in names[r % len(names) :] + names[: r % len(names)]:  # turns
-                rounds[name].append(one_command(root, template, name, r))
-            for name in list(STATUS)[r % 2 :] + list(STATUS)[: r % 2]:
-                status[name].append(status_command(root / f"fast_exit-{r}", name))
+            run_dirs = {}
+            for name in rotated(list(VARIANTS), r):
+                run_dirs[name] = fresh_dir(root, f"{name}-{r}", template)
+                rounds[name].append(one_command(run_dirs[name], name))
+            for name in rotated(list(STATUS), r):  # of the round's fast_exit sweep
+                status[name].append(status_command(run_dirs["fast_exit"], name))
     figures: dict[str, Any] = {"rounds": rounds, "status_rounds": status}
     for name, walls in status.items():
         figures[name] = {"wall_s": statistics.median(walls)}
