@@ -135,30 +135,28 @@ def test_an_optuna_storage_is_closed_before_the_freeze(tmp_path: Path) -> None:
     assert at_end["open_at_end"] == 0 and at_end["frozen"] > 0
 
 
-@pytest.mark.parametrize("fast_exit", [True, False])
-def test_a_cli_sweep_records_its_end_and_closes_its_store_before_the_freeze(
-    tmp_path: Path, empty_mlflow_db: Path, fast_exit: bool
-) -> None:
-    store = tmp_path / "mlflow.db"
-    store.write_bytes(empty_mlflow_db.read_bytes())
-    report = tmp_path / "exit.json"
-    env = {
-        **os.environ,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{store}",
-        "EXIT_REPORT": str(report),
-    }
-    done = run_cli(
+def sweep_exit_app(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """``exit_app.py -m`` under the furcate launcher through the CLI, its sweep dir
+    ``tmp_path/sweep``, what it saw at its end in ``tmp_path/exit.json``."""
+    return run_cli(
         APPS / "exit_app.py",
         "-m",
-        "+i=0,1",
         "hydra/launcher=furcate",
-        f"hydra.launcher.fast_exit={str(fast_exit).lower()}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *overrides,
         cwd=tmp_path,
-        env=env,
+        env={**os.environ, "EXIT_REPORT": str(tmp_path / "exit.json")},
     )
+
+
+@pytest.mark.parametrize("fast_exit", [True, False])
+def test_a_cli_sweep_records_its_end_and_closes_its_store_before_the_freeze(
+    tmp_path: Path, mlflow_store: str, fast_exit: bool
+) -> None:
+    store = tmp_path / "mlflow.db"  # the fixture's
+    done = sweep_exit_app(tmp_path, "+i=0,1", f"hydra.launcher.fast_exit={str(fast_exit).lower()}")
     assert done.returncode == 0, done.stderr
-    at_end = json.loads(report.read_text())
+    at_end = json.loads((tmp_path / "exit.json").read_text())
     if fast_exit:
         # every connection closed (sqlite folded the WAL into the store), then frozen
         assert at_end == {"frozen": at_end["frozen"], "wal_left": False}
@@ -166,30 +164,23 @@ def test_a_cli_sweep_records_its_end_and_closes_its_store_before_the_freeze(
         assert not Path(f"{store}-wal").exists()  # and so it stays once the process is gone
     else:  # Python's usual exit: the connections close later, in the interpreter's teardown
         assert at_end == {"frozen": 0, "wal_left": True}
-    uri = f"sqlite:///{store}"
-    assert len(sweep_runs(uri)) == 1 and len(job_runs(uri)) == 2
+    assert len(sweep_runs(mlflow_store)) == 1 and len(job_runs(mlflow_store)) == 2
     # every run ended as FINISHED: the sweep's end was recorded before its store was closed
-    assert {(run.info.status, run.info.end_time is not None) for run in all_runs(uri)} == {
-        ("FINISHED", True)
-    }
+    ended = {(run.info.status, run.info.end_time is not None) for run in all_runs(mlflow_store)}
+    assert ended == {("FINISHED", True)}
 
 
 def test_the_furcate_command_closes_the_store_it_read_before_the_freeze(
-    tmp_path: Path, empty_mlflow_db: Path
+    tmp_path: Path, mlflow_store: str
 ) -> None:
-    store = tmp_path / "mlflow.db"
-    store.write_bytes(empty_mlflow_db.read_bytes())
-    uri = f"sqlite:///{store}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "EXIT_REPORT": str(tmp_path / "exit.json")}
-    sweep = tmp_path / "sweep"
-    args = ("-m", "+i=0", "hydra/launcher=furcate", f"hydra.sweep.dir={sweep}")
-    assert run_cli(APPS / "exit_app.py", *args, cwd=tmp_path, env=env).returncode == 0
+    store = tmp_path / "mlflow.db"  # the fixture's
+    assert sweep_exit_app(tmp_path, "+i=0").returncode == 0
     assert not Path(f"{store}-wal").exists()  # the sweep's launcher closed it
     done, seen = run_script(
         tmp_path,
         f"""
         from pathlib import Path
-        os.environ["MLFLOW_TRACKING_URI"] = {uri!r}
+        os.environ["MLFLOW_TRACKING_URI"] = {mlflow_store!r}
         wal = Path({str(store)!r} + "-wal")
         atexit.register(lambda: extra.update(wal_at_end=wal.exists()))  # after the command's
         from furcate_hydra.cli.main import main
@@ -198,22 +189,13 @@ def test_the_furcate_command_closes_the_store_it_read_before_the_freeze(
         """,
     )
     ((_, at_end),) = seen.items()
-    assert at_end["code"] == 0 and str(sweep) in done.stdout
+    assert at_end["code"] == 0 and str(tmp_path / "sweep") in done.stdout
     assert at_end["wal_while_open"] is True
     assert at_end["wal_at_end"] is False and at_end["frozen"] > 1000
 
 
 def test_a_fast_exit_that_is_not_a_flag_stops_the_cli(tmp_path: Path) -> None:
-    done = run_cli(
-        APPS / "exit_app.py",
-        "-m",
-        "+i=0",
-        "hydra/launcher=furcate",
-        "hydra.launcher.fast_exit=maybe",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        cwd=tmp_path,
-        env={**os.environ, "EXIT_REPORT": str(tmp_path / "exit.json")},
-    )
+    done = sweep_exit_app(tmp_path, "+i=0", "hydra.launcher.fast_exit=maybe")
     assert done.returncode != 0
     assert "fast_exit" in done.stderr and "maybe" in done.stderr
     assert not (tmp_path / "sweep").exists()
