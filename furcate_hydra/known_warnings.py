@@ -58,9 +58,9 @@ def ignore_lightning_mid_epoch_resume() -> None:
     """Ignore Lightning's "resuming … before the epoch ended … not resumable" warning.
 
     Lightning warns so when a mid-epoch checkpoint is resumed with a DataLoader that has no
-    ``state_dict``. ``fit`` replaces the training DataLoader's sampler with one whose position
-    travels in the checkpoint (``furcate_hydra.lightning._resumable_data``), so the resume is
-    exact and the warning wrong. ``fit`` calls this only once it has replaced the sampler.
+    ``state_dict``. ``fit`` follows the training DataLoader and its checkpoints hold what
+    replays the epoch's draws (``furcate_hydra.lightning._loader_replay``), so the resume is
+    exact and the warning wrong. ``fit`` calls this only once it follows the loader.
     """
     warnings.filterwarnings(
         "ignore",

@@ -1,10 +1,11 @@
 """Exact mid-epoch resume, step and time checkpoints, and a checkpoint at SIGTERM/SIGUSR1.
 
 The model (``tests/apps/dropout_regression.py``) draws random numbers in dropout and in its
-dataset's augmentation, from a shuffled DataLoader. A real signal, sent by the training process
+dataset's augmentation, from the app's own DataLoader (shuffled from the global stream, by a
+generator of its own, or an IterableDataset). A real signal, sent by the training process
 to itself in the middle of a step, interrupts a fit; another fit in the same checkpoint dir
 resumes it after the process's random generators were scrambled. Weights are compared bitwise
-with the same training left uninterrupted.
+with the same training left uninterrupted and with Lightning alone, no furcate anywhere.
 """
 
 from __future__ import annotations
@@ -53,22 +54,27 @@ def interrupted_then_resumed(
     return train(env(root), **options)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resumed_mid_epoch_ends_bitwise_equal_to_uninterrupted(
-    tmp_path: Path, workers: int
+@pytest.mark.parametrize(
+    ("data", "workers"),
+    [("shuffled", 0), ("shuffled", 2), ("generator", 0), ("stream", 0), ("stream", 2)],
+)
+def test_resumed_mid_epoch_ends_bitwise_equal_to_lightning_alone(
+    tmp_path: Path, data: str, workers: int
 ) -> None:
-    """The test of record: dropout, augmentation and a shuffled DataLoader, CPU, deterministic."""
+    """The test of record: dropout, augmentation and the app's own loader, CPU, deterministic:
+    uninterrupted and resumed mid-epoch, the weights are those of Lightning alone."""
     import torch
 
-    from tests.apps.dropout_regression import BATCHES_PER_EPOCH, train, weights
+    from tests.apps.dropout_regression import BATCHES_PER_EPOCH, train, train_alone, weights
 
-    uninterrupted, _ = train(env(tmp_path / "a"), workers=workers)
-    resumed, result = interrupted_then_resumed(tmp_path / "b", workers=workers)
+    alone = weights(train_alone(tmp_path / "alone", workers=workers, data=data))
+    uninterrupted, _ = train(env(tmp_path / "a"), workers=workers, data=data)
+    resumed, result = interrupted_then_resumed(tmp_path / "b", workers=workers, data=data)
 
     assert result.resumed_at_epoch == 1
     assert result.resumed_at_batch == (STOP_AT + 1) % BATCHES_PER_EPOCH
-    expected, got = weights(uninterrupted), weights(resumed)
-    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    for got in (weights(uninterrupted), weights(resumed)):
+        assert all(torch.equal(alone[name], got[name]) for name in alone)
 
 
 @pytest.mark.slow  # CI runs it; SIGTERM's test covers the path in the quick suite
@@ -123,23 +129,18 @@ def test_time_checkpoints_follow_every_s(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_step_checkpoints_off_when_the_data_cannot_resume(tmp_path: Path) -> None:
-    import torch
-    from torch.utils.data import DataLoader, IterableDataset
+    from torch.utils.data import DataLoader
 
     from furcate_hydra.lightning import ResumeNotExactWarning, fit
     from furcate_hydra.preemption import JobPreempted
-    from tests.apps.dropout_regression import DropoutRegression
-
-    class Stream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
-        def __iter__(self) -> Any:
-            for _ in range(64):
-                x = torch.randn(4)
-                yield x, x.sum(dim=0, keepdim=True)
+    from tests.apps.dropout_regression import DropoutRegression, NoisyRows
 
     def run(model: DropoutRegression) -> Any:
+        # workers that live on from epoch to epoch keep random streams no checkpoint holds
+        data = DataLoader(NoisyRows(), batch_size=8, num_workers=1, persistent_workers=True)
         return fit(
             model,
-            train_dataloaders=DataLoader(Stream(), batch_size=8),
+            train_dataloaders=data,
             trainer_options={
                 "max_epochs": 2,
                 "accelerator": "cpu",
@@ -150,7 +151,7 @@ def test_step_checkpoints_off_when_the_data_cannot_resume(tmp_path: Path) -> Non
         )
 
     with (
-        pytest.warns(ResumeNotExactWarning, match="IterableDataset"),
+        pytest.warns(ResumeNotExactWarning, match="persistent_workers"),
         pytest.warns(UserWarning, match="resumes from the start of this epoch"),
         pytest.raises(JobPreempted) as stopped,
     ):

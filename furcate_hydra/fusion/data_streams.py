@@ -25,7 +25,7 @@ class DataStreams:
 
     @classmethod
     def taken(cls, loaders: Iterable[Any]) -> DataStreams:
-        generators = {id(g): g for loader in loaders for g in _generators(loader)}
+        generators = {id(g): g for loader in loaders for g in loader_generators(loader)}
         return cls(torch.get_rng_state(), [(g, g.get_state()) for g in generators.values()])
 
     def put_back(self) -> None:
@@ -34,13 +34,13 @@ class DataStreams:
             generator.set_state(state)
 
 
-def _generators(loader: Any) -> list[torch.Generator]:
-    """The generators a loader's order may draw from: its own, its sampler's, its batch
-    sampler's sampler's."""
+def loader_generators(loader: Any) -> list[torch.Generator]:
+    """The generators a loader's order may draw from, each once: its own, its sampler's, its
+    batch sampler's sampler's."""
     if loader is None:
         return []
     holders = [loader, getattr(loader, "sampler", None)]
     batch_sampler = getattr(loader, "batch_sampler", None)
     holders += [batch_sampler, getattr(batch_sampler, "sampler", None)]
     found = [getattr(holder, "generator", None) for holder in holders if holder is not None]
-    return [g for g in found if isinstance(g, torch.Generator)]
+    return list({id(g): g for g in found if isinstance(g, torch.Generator)}.values())

@@ -1,13 +1,15 @@
-"""Exact resume: where in its epoch training is, the data's order and the random-number states.
+"""Exact resume: where in its epoch training is, the data's draws and the random-number states.
 
-    fit ──► ExactResume.attach(trainer): the train DataLoader is remade resumable when Lightning
-            asks for it (make_resumable), whether it came from fit's arguments, a datamodule or
-            the module's own train_dataloader()
-    save ──► state_dict(): seed, (epoch, batch) training continues at, dataset size, RNG states
-    resume ──► load_state_dict() (before Lightning sets up the data) ──► the remade loader
-               resumes at (epoch, batch) ──► on_train_start (its iterator exists, the sanity
-               check is over) ──► the RNG states put back: the next batch draws what it would
-               have drawn without the interruption
+    fit ──► ExactResume.attach(trainer): the train DataLoader is followed when Lightning asks
+            for it (``follow``: the app's own loader, whether from fit's arguments, a datamodule
+            or the module's own train_dataloader())
+    save ──► state_dict(): (epoch, batch) training continues at, the random states now, and
+             within an epoch what replays it (the states its iterator was made from, and
+             those its next batch is loaded from)
+    resume ──► load_state_dict() (before Lightning sets up the data) ──► the followed loader's
+               first iterator replays the epoch up to (epoch, batch) ──► on_train_start (the
+               sanity check is over) ──► the checkpoint's random states put back: the next
+               batch draws what it would have drawn without the interruption
 
 Lightning saves and restores the model, the optimizers and its loops' counters itself.
 """
@@ -22,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from furcate_hydra.known_warnings import ignore_lightning_mid_epoch_resume
-from furcate_hydra.lightning._namespace import PYTORCH_LIGHTNING, CallbackBase, namespace_of
-from furcate_hydra.lightning._resumable_data import ResumableBatchSampler, make_resumable
+from furcate_hydra.lightning._loader_replay import LoaderFollower, Resume, follow
+from furcate_hydra.lightning._namespace import CallbackBase
 from furcate_hydra.lightning._rng import capture_rng, restore_rng
 
 if TYPE_CHECKING:
@@ -39,23 +41,25 @@ class ResumeNotExactWarning(UserWarning):
 
 
 class _ResumableRequest:
-    """The fit loop's request for the train loader, answered with it made resumable. A class,
-    not a closure: ``ddp_spawn`` pickles the Trainer, its data source with it, into each rank."""
+    """The fit loop's request for the train loader, answered with it followed. A class, not a
+    closure: ``ddp_spawn`` pickles the Trainer, its data source with it, into each rank."""
 
     def __init__(self, resume: ExactResume, request: Callable[[], Any]) -> None:
         self.resume = resume
         self.request = request
 
     def __call__(self) -> Any:
-        return self.resume._remake(self.request())
+        loader = self.request()
+        self.resume._follow(loader)
+        return loader
 
 
 class ExactResume(CallbackBase):
-    """Make the train data resumable and carry its position and the RNG states in checkpoints.
+    """Follow the train data and carry its position and the random states in checkpoints.
 
     Args:
-        seed: Seeds the data order (the run's seed: ``torch.initial_seed()``, which
-            ``seed_everything`` sets). A resumed run keeps the seed it was saved with.
+        seed: The run's seed (``torch.initial_seed()``, which ``seed_everything`` sets), kept
+            in its checkpoints for the record. The data's order is the app's own.
         warn_if_not_exact: Warn when the data cannot resume mid-epoch (step checkpoints were
             asked for); otherwise the reason is logged at INFO, and a stop mid-epoch warns.
     """
@@ -63,22 +67,22 @@ class ExactResume(CallbackBase):
     def __init__(self, seed: int, warn_if_not_exact: bool = False) -> None:
         self.seed = seed
         self.warn_if_not_exact = warn_if_not_exact
-        self.batches: ResumableBatchSampler | None = None
+        self.follower: LoaderFollower | None = None
         self.not_exact: str | None = None
         self._trainer: pl.Trainer | None = None
         self._pending: dict[str, Any] | None = None
 
     @property
     def resumable(self) -> bool:
-        """Whether the train data was made resumable (known once fit set up its data)."""
-        return self.batches is not None
+        """Whether the train data can resume mid-epoch (known once fit set up its data)."""
+        return self.follower is not None
 
     def attach(self, trainer: pl.Trainer) -> None:
-        """Remake the train DataLoader whenever Lightning asks its source for it.
+        """Follow the train DataLoader whenever Lightning asks its source for it.
 
         Lightning keeps the train data's source on its fit loop and calls its ``dataloader()``
         inside ``Trainer.fit``; that call is the one place that sees the loader of every way a
-        user can pass one, before Lightning adds its own sampler logic and starts iterating.
+        user can pass one, before Lightning starts iterating it.
         """
         self._trainer = trainer
         source = getattr(trainer.fit_loop, "_data_source", None)
@@ -90,33 +94,21 @@ class ExactResume(CallbackBase):
             return  # attached already (a fused group's member that then fits alone)
         source.dataloader = _ResumableRequest(self, request)
 
-    def _remake(self, loader: Any) -> Any:
+    def _follow(self, loader: Any) -> None:
         if self._trainer is not None and self._trainer.world_size > 1:
-            # Lightning puts its DistributedSampler in afterwards, which ours cannot carry
-            result: ResumableBatchSampler | str = "is split across processes (distributed)"
-            remade = loader
+            # each rank's DistributedSampler is put in afterwards, by Lightning
+            result: LoaderFollower | str = "is split across processes (distributed)"
         else:
-            namespace = namespace_of(self._trainer)
-            remade, result = make_resumable(loader, self.seed, str(namespace or PYTORCH_LIGHTNING))
+            result = follow(loader)
         if isinstance(result, str):
-            self.batches, self.not_exact = None, result
+            self.follower, self.not_exact = None, result
             self._say_not_exact()
-            return loader
-        self.batches, self.not_exact = result, None
+            return
+        self.follower, self.not_exact = result, None
         ignore_lightning_mid_epoch_resume()
         pending = self._pending
-        if pending is not None and pending.get("batch") is not None:
-            if pending.get("dataset_size") == len(result.order_sampler):
-                result.resume_at(int(pending["epoch"]), int(pending["batch"]))
-            else:
-                warnings.warn(
-                    f"furcate: the training dataset has {len(result.order_sampler)} samples, "
-                    f"its checkpoint was saved with {pending.get('dataset_size')}: the data "
-                    "order cannot continue where it stopped",
-                    ResumeNotExactWarning,
-                    stacklevel=2,
-                )
-        return remade
+        if pending is not None and pending.get("epoch") is not None:
+            result.resume_at(_resume_of(pending))
 
     def _say_not_exact(self) -> None:
         message = (
@@ -132,11 +124,13 @@ class ExactResume(CallbackBase):
     # -- the checkpoint's part -----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"seed": self.seed, "rng": capture_rng()}
+        follower = self.follower
+        states = follower.states() if follower is not None else {"rng": capture_rng()}
+        state: dict[str, Any] = {"seed": self.seed, **states}
         trainer = self._trainer
-        if trainer is not None and self.batches is not None:
+        if trainer is not None and follower is not None:
             state["epoch"], state["batch"] = _position(trainer)
-            state["dataset_size"] = len(self.batches.order_sampler)
+            state.update(follower.checkpoint_part(state["epoch"], state["batch"]))
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -145,8 +139,30 @@ class ExactResume(CallbackBase):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pending, self._pending = self._pending, None
-        if pending is not None and "rng" in pending:
+        if pending is None or "rng" not in pending:
+            return
+        follower = self.follower
+        at_epoch_start = not pending.get("batch")
+        if follower is not None and follower.resumed and at_epoch_start:
+            return  # the epoch's iterator started from these states, which have run on since
+        if follower is not None:
+            follower.put_back(pending)
+        else:
             restore_rng(pending["rng"])
+
+
+def _resume_of(pending: dict[str, Any]) -> Resume:
+    """Where the followed loader resumes, from a checkpoint's state."""
+    epoch, batch = int(pending["epoch"]), int(pending.get("batch") or 0)
+    start = pending.get("start")
+    if batch and start is None:  # saved by an earlier furcate, with an order of its own
+        warnings.warn(
+            "furcate: this checkpoint does not hold the draws of its epoch's data: the epoch "
+            "resumes with another order than it started with",
+            ResumeNotExactWarning,
+            stacklevel=3,
+        )
+    return Resume(epoch, batch, start or pending, pending.get("before"))
 
 
 def batches_done(trainer: pl.Trainer) -> int:

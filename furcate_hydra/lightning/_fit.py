@@ -1,7 +1,7 @@
 """``fit``: train a LightningModule as a furcate job (resume, history, plots, MLflow run).
 
 JobEnv ──► resume_point(checkpoint_dir) ──► Trainer.fit(ckpt_path=...)
-             the train DataLoader remade resumable (ExactResume: order, position, RNG states)
+             the app's train DataLoader followed (ExactResume: position, its draws, RNG states)
              each epoch: MetricsHistory ──► history.json, AtomicCheckpoint ──► epoch=N.ckpt,
                          ProgressFile ──► progress.json (also every few seconds mid-epoch)
              every n steps / s seconds, or at SIGTERM/SIGUSR1: AtomicCheckpoint ──►
@@ -100,10 +100,12 @@ def fit(
 ) -> FitResult:
     """Train ``model``, resuming from the run's last verified checkpoint if there is one.
 
-    Resuming is exact: the train DataLoader is made again with a sampler whose order and
-    position travel in the checkpoint, with the random-number states, so a job resumed after
-    batch k trains batch k+1 as the uninterrupted job would have (where the loader cannot be
-    remade, e.g. an IterableDataset, the job resumes at the start of the interrupted epoch).
+    Resuming is exact: the app's own train DataLoader is kept as it is, and a checkpoint
+    within an epoch holds the random states that epoch's iterator was made from and those its
+    next batch loads from, so a job resumed after batch k replays the epoch's first k batches
+    (loaded, not trained) and trains batch k+1 as the uninterrupted job would have (where the
+    loader cannot be followed, e.g. workers that persist across epochs, the job resumes at the
+    start of the interrupted epoch).
     Besides every epoch, it checkpoints every ``env.checkpoint_every_n_steps`` steps and
     ``env.checkpoint_every_s`` seconds if set, and at once on SIGTERM or SIGUSR1, after which it
     raises :class:`~furcate_hydra.preemption.JobPreempted` (the launcher re-queues the job).

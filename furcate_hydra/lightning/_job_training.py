@@ -5,7 +5,7 @@
                  (those the Trainer does not have already)
       resume_from(trainer) ──► the newest verified checkpoint of the run, or the app's own
                                last.ckpt where that is newer (ckpt_path for Trainer.fit)
-      fitting(trainer): ExactResume remakes the train data; SIGTERM/SIGUSR1 noted, then
+      fitting(trainer): ExactResume follows the train data; SIGTERM/SIGUSR1 noted, then
                         checkpoint at the step and JobPreempted
       finish(trainer): history.json, plots/, final.ckpt, artifacts of the job's run
 

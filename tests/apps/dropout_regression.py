@@ -23,7 +23,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from furcate_hydra.lightning import FitResult, JobEnv, fit
 
@@ -46,6 +46,33 @@ class NoisyRows(Dataset[tuple[Tensor, Tensor]]):
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         noise = 0.1 * torch.randn(self.x.shape[1]) + float(np.random.normal()) * 0.01
         return self.x[index] + noise + random.random() * 0.01, self.y[index]
+
+
+class NoisyStream(IterableDataset[tuple[Tensor, Tensor]]):
+    """The same rows as a stream, in an order drawn from torch's global stream at each pass
+    (each of a loader's workers streams its share)."""
+
+    def __iter__(self) -> Any:
+        rows = NoisyRows()
+        worker = get_worker_info()
+        share = slice(None) if worker is None else slice(worker.id, None, worker.num_workers)
+        for index in torch.randperm(ROWS).tolist()[share]:
+            yield rows[index]
+
+
+LOADERS = ("shuffled", "generator", "stream")
+
+
+def loader(kind: str = "shuffled", workers: int = 0) -> DataLoader[Any]:
+    """The training data as users write it: ``shuffled`` (shuffle=True, drawing from the global
+    stream), ``generator`` (shuffled by a generator of the loader's own), ``stream`` (an
+    IterableDataset)."""
+    if kind == "stream":
+        return DataLoader(NoisyStream(), batch_size=BATCH_SIZE, num_workers=workers)
+    generator = torch.Generator().manual_seed(7) if kind == "generator" else None
+    return DataLoader(
+        NoisyRows(), BATCH_SIZE, shuffle=True, num_workers=workers, generator=generator
+    )
 
 
 class DropoutRegression(pl.LightningModule):
@@ -92,29 +119,45 @@ def train(
     *,
     epochs: int = 3,
     workers: int = 0,
+    data: str = "shuffled",
     model: dict[str, Any] | None = None,
     **trainer_options: Any,
 ) -> tuple[DropoutRegression, FitResult]:
-    """Seed, build the model (``model``: its arguments), train deterministically on CPU with a
-    shuffled DataLoader; return the model and fit's result."""
+    """Seed, build the model (``model``: its arguments), train deterministically on CPU with
+    furcate's ``fit`` on the ``data`` kind of loader; return the model and fit's result."""
     pl.seed_everything(0, workers=True, verbose=False)
     torch.use_deterministic_algorithms(True)
     module = DropoutRegression(**(model or {}))
-    loader = DataLoader(NoisyRows(), batch_size=BATCH_SIZE, shuffle=True, num_workers=workers)
     result = fit(
         module,
-        train_dataloaders=loader,
-        trainer_options={
-            "max_epochs": epochs,
-            "accelerator": "cpu",
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "logger": None,
-            **trainer_options,
-        },
+        train_dataloaders=loader(data, workers),
+        trainer_options=_trainer_options(epochs, trainer_options),
         env=env,
     )
     return module, result
+
+
+def train_alone(
+    root: Path, *, epochs: int = 3, workers: int = 0, data: str = "shuffled"
+) -> DropoutRegression:
+    """The same training as ``train`` with Lightning alone: no furcate anywhere."""
+    pl.seed_everything(0, workers=True, verbose=False)
+    torch.use_deterministic_algorithms(True)
+    module = DropoutRegression()
+    trainer = pl.Trainer(default_root_dir=root, **_trainer_options(epochs, {}))
+    trainer.fit(module, train_dataloaders=loader(data, workers))
+    return module
+
+
+def _trainer_options(epochs: int, more: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "max_epochs": epochs,
+        "accelerator": "cpu",
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "logger": None,
+        **more,
+    }
 
 
 def weights(model: nn.Module) -> dict[str, Tensor]:
