@@ -7,6 +7,7 @@ apart from both so that neither side imports the other's heavy dependencies.
 from __future__ import annotations
 
 __all__ = [
+    "APP_CONFIG_FLAGS",
     "APP_MODULE",
     "APP_SCRIPT",
     "CHECKPOINT_DIR",
@@ -63,6 +64,9 @@ GPUS_PER_JOB = "FURCATE_GPUS_PER_JOB"
 # launcher starts the job's other ranks the same way
 APP_SCRIPT = "FURCATE_APP_SCRIPT"
 APP_MODULE = "FURCATE_APP_MODULE"
+# and the Hydra flags it was started with that choose the primary config (-cp, -cn, -cd), as
+# a JSON list of "--config-<what>=<value>" (absent: none), which the ranks are given too
+APP_CONFIG_FLAGS = "FURCATE_APP_CONFIG_FLAGS"
 
 # Set by the Optuna sweeper in each trial's job (all four or none): the job reports its
 # monitored metric each epoch to trial TRIAL_NUMBER of STUDY in STORAGE.

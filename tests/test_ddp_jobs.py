@@ -81,6 +81,35 @@ def test_ddp_spawn_and_the_subprocess_launcher_sweep_as_one_run_per_config(
     assert len([line for line in status.splitlines() if "trainer=" in line]) == 3  # + command
 
 
+@pytest.mark.parametrize(
+    ("flags", "width"),
+    [(["-cn", "wide"], 48), (["--config-dir=more", "-cn=narrow"], 8)],
+    ids=["config-name", "config-dir"],
+)
+def test_every_rank_composes_the_primary_config_the_app_was_started_with(
+    tmp_path: Path, mlflow_store: str, flags: list[str], width: int
+) -> None:
+    # a config dir relative to the working dir, whose primary config extends the app's
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "narrow.yaml").write_text("defaults: [config, _self_]\nwidth: 8\n")
+    done = run_cli(
+        APPS / "ddp_app.py",
+        "-m",
+        *flags,
+        "trainer=ddp",
+        "trainer.max_epochs=1",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    (run,) = job_runs(mlflow_store)
+    assert run.info.status == "FINISHED"
+    seen = ranks(tmp_path / "sweep" / "0")
+    assert sorted(rank["rank"] for rank in seen) == [0, 1]
+    assert {rank["width"] for rank in seen} == {width}  # rank 1 composed it too
+
+
 def test_a_trainer_asking_more_gpus_than_its_slot_has_fails_naming_gpus_per_job(
     tmp_path: Path,
 ) -> None:

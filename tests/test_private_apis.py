@@ -90,3 +90,9 @@ def test_a_moved_hydra_name_is_named_with_the_versions() -> None:
     message = str(raised.value)
     assert "Hydra's private JobReturn._return_value, which hydra-core" in message
     assert f"read from hydra-core {hydra_private.TESTED}" in message and "Fix:" in message
+
+
+def test_hydra_args_parser_reads_the_primary_config_flags() -> None:
+    args = hydra_private.get_args_parser().parse_args(["-m", "-cn", "a", "--config-dir=b", "x=1"])
+    assert (args.config_name, args.config_dir, args.config_path) == ("a", "b", None)
+    assert args.multirun and args.overrides == ["x=1"]

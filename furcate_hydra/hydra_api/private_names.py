@@ -11,6 +11,9 @@ it, when a Hydra release moves it:
                               a job's config composed from its sweep's first (compose.py)
     hydra._internal.callbacks.Callbacks
                               the callbacks run_job calls, gated per job (job_context.py)
+    hydra._internal.utils.get_args_parser
+                              the app's command line read as Hydra reads it: the flags
+                              that choose the primary config (command_line.py)
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class HydraPrivateMoved(PrivateApiMoved):
 try:
     from hydra._internal.callbacks import Callbacks
     from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+    from hydra._internal.utils import get_args_parser
 except ImportError as exc:
     raise HydraPrivateMoved("hydra._internal", f"no longer has ({exc})") from None
 
@@ -45,6 +49,7 @@ __all__ = [
     "Callbacks",
     "HydraPrivateMoved",
     "apply_overrides",
+    "get_args_parser",
     "get_overrides_dirname",
     "returned",
 ]

@@ -1,7 +1,9 @@
 """Lightning's DDP launchers inside a furcate job: the ranks it starts run this job, not the sweep.
 
+    launcher's process (``launch_env``): the app's script or module, and its -cp/-cn/-cd
     job's process, right before the task (``prepare_for_ranks``):
-      sys.argv ──► <script> <this job's overrides> hydra.mode=RUN +hydra.callbacks.furcate_ranks
+      sys.argv ──► <script> <the app's -cp/-cn/-cd> <this job's overrides> hydra.mode=RUN
+                   +hydra.callbacks.furcate_ranks
       HydraConfig.run.dir ──► the job's dir
     Lightning's subprocess launcher (strategy=ddp, FSDP) in the task, for ranks 1..N-1:
       python <script> sys.argv[1:] hydra.run.dir=<run.dir> hydra.job.name=train_ddp_process_<r>
@@ -11,13 +13,18 @@
           Trainer gets the same callbacks (a collective one rank lacks would hang the others)
 
 Under a multirun, ``sys.argv[1:]`` is the whole sweep: each rank would start a sweep of its
-own, whose jobs' ranks meet in one process group. ``ddp_spawn`` pickles the Trainer into fresh
-processes instead and needs none of this, only picklable callbacks.
+own, whose jobs' ranks meet in one process group. The flags that choose the primary config are
+in no override: without them a rank composes the app's default config. Their relative paths
+hold in a rank as they did in the app: ``-cp`` is read from the script's dir (Lightning gives
+the script's absolute path), ``-cd`` from the working dir (Lightning starts the ranks in
+Hydra's original one). ``ddp_spawn`` pickles the Trainer into fresh processes instead and
+needs none of this, only picklable callbacks.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
+import json
 import os
 import sys
 from typing import Any
@@ -27,6 +34,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra import env_vars
+from furcate_hydra.hydra_api.command_line import primary_config_flags
 from furcate_hydra.job_process.lightning_auto import install_for_job
 
 __all__ = ["RankStart", "launch_env", "prepare_for_ranks", "rank_overrides"]
@@ -48,27 +56,32 @@ def rank_overrides(config: DictConfig) -> list[str]:
 
 def launch_env() -> dict[str, str]:
     """What the launcher's process tells each job of how the app was started (its script,
-    or the module of ``python -m``): a job's process may be a fork server's, started its own
-    way, whose command line says nothing of the app."""
+    or the module of ``python -m``, and the flags that chose its primary config): a job's
+    process may be a fork server's, started its own way, whose command line says nothing of
+    the app."""
     env = {}
     if sys.argv and os.path.isfile(sys.argv[0]):
         env[env_vars.APP_SCRIPT] = os.path.abspath(sys.argv[0])
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None:
         env[env_vars.APP_MODULE] = str(spec.name)
+    flags = primary_config_flags(sys.argv[1:])
+    if flags:
+        env[env_vars.APP_CONFIG_FLAGS] = json.dumps(flags)
     return env
 
 
 def prepare_for_ranks(config: DictConfig) -> None:
     """Make the job's process look, to Lightning's subprocess launcher, like a single run of
-    this job started as the app was: its command line, its ``__main__``, its run dir. Only
-    this job's process is changed."""
+    this job started as the app was: its command line (with the app's primary config), its
+    ``__main__``, its run dir. Only this job's process is changed."""
     script = os.environ.get(env_vars.APP_SCRIPT) or (sys.argv[0] if sys.argv else "")
     module = os.environ.get(env_vars.APP_MODULE)
     main = sys.modules.get("__main__")
     if main is not None:  # Lightning runs `python -m <its spec's name>`, or the script
         main.__spec__ = importlib.machinery.ModuleSpec(module, None) if module else None
-    sys.argv = [script, *rank_overrides(config)]
+    flags = json.loads(os.environ.get(env_vars.APP_CONFIG_FLAGS, "[]"))
+    sys.argv = [script, *flags, *rank_overrides(config)]
     hydra: Any = HydraConfig.instance().cfg  # the job's config, its hydra node only
     if hydra is not None:
         read_only = OmegaConf.is_readonly(hydra.hydra)

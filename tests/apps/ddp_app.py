@@ -4,9 +4,10 @@ subprocess launcher that runs the script again for rank 1), built with ``hydra.u
 .instantiate``, a LightningModule of ``lightning``'s namespace, and the metric it returns.
 
 Each rank appends what it saw to ``ranks.jsonl`` in the job dir (its rank, pid, the job's
-MLflow run, the step it starts training at), so a test can tell the ranks of one job from
-those of another, and where each resumed. The job returns its validation loss and its final
-weights (rank 0's, which ``ddp_spawn`` hands back to the job's process).
+MLflow run, the step it starts training at, the width of the model it built), so a test can
+tell the ranks of one job from those of another, where each resumed, and which config each
+composed (``-cn wide``: the app's second primary config). The job returns its validation loss
+and its final weights (rank 0's, which ``ddp_spawn`` hands back to the job's process).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 class Regression(L.LightningModule):
-    def __init__(self, lr: float, epoch_sleep: float = 0.0, fail_rank: int | None = None) -> None:
+    def __init__(
+        self, lr: float, epoch_sleep: float = 0.0, fail_rank: int | None = None, width: int = 16
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.lr, self.epoch_sleep, self.fail_rank = lr, epoch_sleep, fail_rank
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.net = nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 1))
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.epoch_sleep:
@@ -57,6 +60,7 @@ class Regression(L.LightningModule):
             "run_id": os.environ.get("MLFLOW_RUN_ID"),
             "global_step": self.trainer.global_step,
             "epoch": self.current_epoch,
+            "width": self.net[0].out_features,
         }
         with (out / "ranks.jsonl").open("a") as file:
             file.write(json.dumps(seen) + "\n")
@@ -76,7 +80,7 @@ def loader(seed: int) -> DataLoader[Any]:
 def main(cfg: DictConfig) -> dict[str, Any] | float:
     L.seed_everything(int(cfg.seed), workers=True)
     trainer: L.Trainer = instantiate(cfg.trainer)
-    model = Regression(float(cfg.lr), float(cfg.epoch_sleep), cfg.fail_rank)
+    model = Regression(float(cfg.lr), float(cfg.epoch_sleep), cfg.fail_rank, int(cfg.width))
     trainer.fit(model, loader(0), loader(1))
     val_loss = float(trainer.callback_metrics["val_loss"])
     if cfg.returns == "val_loss":  # an Optuna objective
