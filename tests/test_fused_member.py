@@ -76,4 +76,7 @@ def test_a_member_whose_optimizer_differs_runs_alone_and_its_group_trains() -> N
     assert ends["job0"].group == ("job0", "job1")
     alone = ends["job2"]
     assert not isinstance(alone, Trained)
-    assert alone.reason == "its optimizer differs (SGD(nesterov=True), not Adam)"
+    assert (
+        alone.reason
+        == "its optimizer differs (SGD(nesterov=True), not Adam(decoupled_weight_decay=False))"
+    )

@@ -22,6 +22,7 @@ from furcate_hydra.fusion.fit_call import read_fit_call, read_optimizers
 from furcate_hydra.fusion.fused_fit import MemberTraining, SchedulerPlan, fused_fit
 from furcate_hydra.fusion.optimizer import optimizer_refusals
 from furcate_hydra.fusion.probe import step_refusals
+from furcate_hydra.fusion.random_states import capture_streams, loader_generators
 from furcate_hydra.fusion.refusals import module_refusals
 from furcate_hydra.fusion.settings import TrainingShape
 from furcate_hydra.fusion.signature import FusionSignature
@@ -279,7 +280,8 @@ def _signature(
     train, val = _loaders()
     train = DataLoader(train.dataset, batch_size=batch_size, shuffle=shuffle)
     shape = TrainingShape.from_trainer(L.Trainer(**QUIET, **({"max_epochs": 3} | trainer)))
-    return FusionSignature.of(module, shape, train, val)
+    streams = capture_streams(loader_generators(train))
+    return FusionSignature.of(module, shape, train, val, streams=streams)
 
 
 def test_members_differing_in_hyperparameters_share_a_signature_and_others_say_why_not() -> None:
@@ -303,8 +305,12 @@ def test_members_differing_in_hyperparameters_share_a_signature_and_others_say_w
     assert _signature(second, shuffle=True) == shuffled
     torch.manual_seed(8)
     assert _signature(second, shuffle=True).differences(shuffled) == [
-        "its data order follows its seed (a shuffled loader without a generator)"
+        "its data draws from its random states, which differ from the group's (another seed: "
+        "a shuffled order, augmentation or workers)"
     ]
+    # unshuffled data draws nothing: members of other seeds share a group
+    torch.manual_seed(8)
+    assert _signature(second) == group
 
 
 def _state_equal(fused: dict[str, Any], alone: dict[str, Any]) -> None:
@@ -410,15 +416,14 @@ def test_members_differing_in_a_loss_weight_each_train_with_their_own() -> None:
         assert fused[i].hparams["alpha"] == w[0] and fused[i].smoothing == w[1]  # left as they were
 
 
-def test_members_differing_in_a_non_float_attribute_are_refused_with_its_name() -> None:
+def test_only_the_floats_that_differ_become_per_member_tensors() -> None:
     from furcate_hydra.fusion.member_scalars import differing_scalars
 
     first, second = _member(0, 1e-3, 0.0), _member(1, 1e-2, 0.0)
     second.layers_to_skip = 2  # type: ignore[assignment]
     first.layers_to_skip = 1  # type: ignore[assignment]
-    scalars, reasons = differing_scalars([first, second])
-    assert set(scalars) == {"hparams.lr"}
-    assert reasons == ["its module's layers_to_skip differs (1, 2…)"]
+    # an int that differs is the signature's to judge (where the steps read it)
+    assert set(differing_scalars([first, second])) == {"hparams.lr"}
 
 
 class TwoOptimizers(TinyMLP):

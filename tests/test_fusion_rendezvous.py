@@ -106,9 +106,20 @@ def test_a_member_that_joined_and_then_ended_is_counted_once(tmp_path: Path) -> 
 
 
 def test_a_follower_without_a_leader_says_where_it_looked(tmp_path: Path) -> None:
-    (tmp_path / "leader").write_text("12345")  # a leader that never listened
+    (tmp_path / "leader").write_text(str(os.getpid()))  # a leader alive that never listened
     with pytest.raises(RendezvousError, match="no leader of the group in"):
         join(tmp_path, "job1", 2, None, timeout_s=0.3)
+
+
+def test_a_follower_does_not_wait_for_a_leader_whose_process_is_gone(tmp_path: Path) -> None:
+    gone = FORK.Process(target=os._exit, args=(0,))
+    gone.start()
+    gone.join()
+    (tmp_path / "leader").write_text(str(gone.pid))  # it marked the group, then died
+    began = time.monotonic()
+    with pytest.raises(RendezvousError, match=f"leader \\(pid {gone.pid}\\) is gone"):
+        join(tmp_path, "job1", 2, None, timeout_s=30)
+    assert time.monotonic() - began < 5
 
 
 def leader_that_dies(directory: Path) -> None:

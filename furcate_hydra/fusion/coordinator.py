@@ -26,7 +26,7 @@ from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
 from furcate_hydra.fusion.member_progress import MemberProgress
 from furcate_hydra.fusion.member_records import MemberLog, MemberRecords
 from furcate_hydra.fusion.member_stopping import MemberStopping, Pruning
-from furcate_hydra.fusion.rendezvous import Leading
+from furcate_hydra.fusion.rendezvous import Leading, RendezvousError
 from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.fusion.signature import FusionSignature
 
@@ -53,7 +53,13 @@ class Offer:
             return
         member = call.member
         self.signature = FusionSignature.of(
-            member.module, call.shape, call.train_loader, call.val_loader, member.optimizer
+            member.module,
+            call.shape,
+            call.train_loader,
+            call.val_loader,
+            member.optimizer,
+            call.streams,
+            call.step_values,
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -84,6 +90,7 @@ class EpochEnd:
 
     checkpoint: dict[str, Any]
     log: MemberLog
+    streams: dict[str, Any] | None = None  # its random states at that end (random_states)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ class Trained:
     step_mode: str
     log: MemberLog = field(default_factory=MemberLog)  # what its loggers and history get
     in_process: int = 0  # the members in its process, ``group`` trained at once among them
+    streams: dict[str, Any] | None = None  # its random states at its end, as its own run's
 
 
 def lead(
@@ -135,18 +143,29 @@ def lead(
         else:
             leading.send(key, message)
 
-    def loaders(group: list[str]) -> tuple[Any, Any]:
-        """A group's loaders (its members' are alike): one this process holds, else its
-        first member's, asked for."""
+    def loaders(group: list[str]) -> tuple[Any, Any] | None:
+        """A group's loaders (its members' are alike): one this process holds, else the
+        first member's that can send them (None: none can)."""
         for key in group:
             call = offers[key].call
             if call.train_loader is not None:
                 return call.train_loader, call.val_loader
-        answer: tuple[Any, Any] = leading.ask(group[0], SendLoaders())
-        return answer
+        for key in group:
+            try:
+                answer: tuple[Any, Any] | None = leading.ask(key, SendLoaders())
+            except RendezvousError:
+                continue  # that member's process is gone: its job's end is the launcher's
+            if answer is not None:
+                return answer
+        return None
 
     for group in grouping.groups:
         data = loaders(group)
+        if data is None:
+            for key in group:
+                ends[key] = Alone("its data cannot be sent to its group (it cannot be pickled)")
+                leading.send(key, ends[key])
+            continue
         parts, mode = [group], "auto"
         if min_gain is not None:
             width = _width(group, offers, data[0], device, min_gain)
@@ -227,7 +246,9 @@ def _train(
 
     told = time.monotonic()
 
-    def epoch_done(trained: torch.Tensor, progress: list[MemberProgress]) -> None:
+    def epoch_done(
+        trained: torch.Tensor, progress: list[MemberProgress], streams: list[dict[str, Any]]
+    ) -> None:
         nonlocal told
         # each member's run writes its metrics, history and checkpoint when it hears: every
         # few seconds, not every epoch (a tiny model's epochs take milliseconds, and a group's
@@ -236,7 +257,8 @@ def _train(
             return
         told = time.monotonic()
         for index in torch.nonzero(trained).flatten().tolist():
-            tell(group[index], EpochEnd(checkpoint(index, progress[index]), unsent(index)))
+            end = EpochEnd(checkpoint(index, progress[index]), unsent(index), streams[index])
+            tell(group[index], end)
 
     outcome = fused_fit(
         members,
@@ -248,6 +270,7 @@ def _train(
         step_mode=step_mode,
         on_epoch=epoch_done,
         stop_asked=stop_asked,
+        drawn_streams=_drawn(offers[group[0]]),
     )
     ends = {}
     for index, key in enumerate(group):
@@ -260,8 +283,18 @@ def _train(
             tuple(group),
             outcome.step_mode,
             unsent(index),
+            streams=outcome.streams[index] if outcome.streams else None,
         )
     return ends
+
+
+def _drawn(offer: Offer) -> tuple[str, ...]:
+    """The global streams besides torch's that reading the group's samples draws from."""
+    signature = offer.signature
+    if signature is None:
+        return ()
+    loaders = [signature.train_data] + ([signature.val_data] if signature.val_data else [])
+    return tuple(sorted({kind for loader in loaders for kind in loader.draws} - {"torch"}))
 
 
 def _member(offer: Offer) -> MemberTraining:

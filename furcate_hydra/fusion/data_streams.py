@@ -15,32 +15,24 @@ from typing import Any
 
 import torch
 
+from furcate_hydra.fusion.random_states import (
+    capture_streams,
+    loader_generators,
+    restore_streams,
+)
+
 
 @dataclass
 class DataStreams:
-    """The states of the streams a group's loaders draw from, as they were when taken."""
+    """The states of the streams a group's data and steps draw from, as they were when taken."""
 
-    global_state: torch.Tensor
-    generators: list[tuple[torch.Generator, torch.Tensor]]
+    generators: list[torch.Generator]
+    states: dict[str, Any]
 
     @classmethod
     def taken(cls, loaders: Iterable[Any]) -> DataStreams:
-        generators = {id(g): g for loader in loaders for g in loader_generators(loader)}
-        return cls(torch.get_rng_state(), [(g, g.get_state()) for g in generators.values()])
+        generators = list({id(g): g for ld in loaders for g in loader_generators(ld)}.values())
+        return cls(generators, capture_streams(generators))
 
     def put_back(self) -> None:
-        torch.set_rng_state(self.global_state)
-        for generator, state in self.generators:
-            generator.set_state(state)
-
-
-def loader_generators(loader: Any) -> list[torch.Generator]:
-    """The generators a loader's order may draw from, each once: its own, its sampler's, its
-    batch sampler's sampler's."""
-    if loader is None:
-        return []
-    holders = [loader, getattr(loader, "sampler", None)]
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    holders += [batch_sampler, getattr(batch_sampler, "sampler", None)]
-    found = [getattr(holder, "generator", None) for holder in holders if holder is not None]
-    return list({id(g): g for g in found if isinstance(g, torch.Generator)}.values())
+        restore_streams(self.states, self.generators)

@@ -21,11 +21,14 @@ from torch.utils.data import DataLoader
 
 from furcate_hydra.fusion.fused_fit import MemberTraining, SchedulerPlan
 from furcate_hydra.fusion.lineage import defines, is_lightning
+from furcate_hydra.fusion.module_values import module_values
 from furcate_hydra.fusion.optimizer import optimizer_refusals
-from furcate_hydra.fusion.probe import step_refusals
+from furcate_hydra.fusion.probe import probe_steps
+from furcate_hydra.fusion.random_states import StreamsKept, capture_streams, loader_generators
 from furcate_hydra.fusion.refusals import module_refusals
 from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.fusion.settings import TrainingShape
+from furcate_hydra.fusion.step_reads import is_read
 
 # LightningModule hooks Lightning calls during training, which the fused loop does not call
 TRAINING_HOOKS = (
@@ -37,8 +40,8 @@ TRAINING_HOOKS = (
 )  # fmt: skip
 # callbacks whose work the fused path does for each member itself, or that only show progress
 KNOWN_CALLBACKS = (
-    "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "TQDMProgressBar",
-    "RichProgressBar", "ProgressBar", "ModelSummary", "RichModelSummary", "Timer",
+    "ModelCheckpoint", "EarlyStopping", "TQDMProgressBar", "RichProgressBar", "ProgressBar",
+    "ModelSummary", "RichModelSummary",
 )  # fmt: skip
 
 
@@ -51,6 +54,10 @@ class FitCall:
     val_loader: Any = None
     member: MemberTraining | None = None
     reasons: list[str] = field(default_factory=list)
+    # the random states its training starts from (after fit's data and module hooks)
+    streams: dict[str, Any] | None = None
+    # what its steps read of its module that its group must share (path, value)
+    step_values: dict[str, str] = field(default_factory=dict)
 
     @property
     def fusable(self) -> bool:
@@ -84,14 +91,26 @@ def read_fit_call(
     call.reasons += reasons
     if call.reasons:
         return call
-    call.reasons += step_refusals(model, sample_batch(train), sample_batch(val))
+    generators = loader_generators(train) + loader_generators(val)
+    call.streams = capture_streams(generators)
+    with StreamsKept(generators):  # samples read as the member's own run never reads them
+        probe = probe_steps(model, sample_batch(train), sample_batch(val))
+    call.reasons += probe.reasons
     if call.reasons:
         return call
+    call.step_values = {
+        path: value
+        for path, value in module_values(model).items()
+        if is_read(path, probe.reads) and path not in probe.exact_floats
+    }
     optimizer, schedulers, reasons = read_optimizers(model.configure_optimizers())
     call.reasons += reasons
-    if optimizer is not None and not reasons:
+    if any(plan.on_plateau for plan in schedulers) and _app_checkpoints(trainer):
+        # its files hold the scheduler as before the last epoch's plateau step
+        call.reasons.append("its ModelCheckpoint saves before its plateau scheduler's last step")
+    if optimizer is not None and not call.reasons:
         call.reasons += optimizer_refusals([optimizer])
-        call.member = MemberTraining(model, optimizer, schedulers)
+        call.member = MemberTraining(model, optimizer, schedulers, call.streams)
     return call
 
 
@@ -175,10 +194,31 @@ def _trainer_refusals(trainer: Any) -> list[str]:
         known = kind.__name__ in KNOWN_CALLBACKS and is_lightning(kind)
         if not known:
             reasons.append(f"its callback {kind.__name__} acts during training")
-        elif kind.__name__ == "ModelCheckpoint" and getattr(callback, "monitor", None):
-            # its best checkpoints are its epochs' own, which a group keeps no file of
-            reasons.append(f"its ModelCheckpoint keeps the best checkpoints by {callback.monitor}")
+        elif kind.__name__ == "ModelCheckpoint":
+            reasons += _checkpoint_refusals(callback)
     return reasons
+
+
+def _checkpoint_refusals(callback: Any) -> list[str]:
+    """Why the files of an app's ``ModelCheckpoint`` without a monitor cannot be its fused
+    run's: a group saves them once, as at the last epoch's end (``save_app_checkpoints``)."""
+    if getattr(callback, "monitor", None):
+        # its best checkpoints are its epochs' own, which a group keeps no file of
+        return [f"its ModelCheckpoint keeps the best checkpoints by {callback.monitor}"]
+    within = getattr(callback, "_every_n_train_steps", 0)
+    if within or getattr(callback, "_train_time_interval", None):
+        return ["its ModelCheckpoint saves within epochs"]
+    every = getattr(callback, "_every_n_epochs", 1)
+    if getattr(callback, "save_top_k", 1) not in (0, 1) or every != 1:
+        return ["its ModelCheckpoint keeps files of earlier epochs"]
+    return []
+
+
+def _app_checkpoints(trainer: Any) -> bool:
+    return any(
+        type(cb).__name__ == "ModelCheckpoint" and is_lightning(type(cb))
+        for cb in getattr(trainer, "callbacks", [])
+    )
 
 
 def _loaders(

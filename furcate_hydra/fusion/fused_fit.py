@@ -11,7 +11,7 @@ after it. What each member logged goes to the ``FusionObserver``, which may stop
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -20,11 +20,13 @@ from torch import nn
 
 from furcate_hydra.fusion.epoch_means import EpochMeans
 from furcate_hydra.fusion.member_progress import MemberProgress
+from furcate_hydra.fusion.member_streams import MemberStreams
 from furcate_hydra.fusion.optimizer import FusedOptimizer, optimized_names
 from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.fusion.settings import TrainingShape
 from furcate_hydra.fusion.stack import MemberStack
 from furcate_hydra.fusion.step_logs import LogOptions, StepLogs
+from furcate_hydra.fusion.trainer_view import TrainerView, attached
 from furcate_hydra.fusion.vmapped_step import STEP_MODES, StepFn, faster_mode, vmapped_step
 
 
@@ -48,11 +50,13 @@ class SchedulerPlan:
 
 @dataclass
 class MemberTraining:
-    """One member: its module (untouched until the end), optimizer and schedulers."""
+    """One member: its module (untouched until the end), optimizer and schedulers, and the
+    random states its own run's training starts from (None: the live ones)."""
 
     module: nn.Module
     optimizer: torch.optim.Optimizer
     schedulers: list[SchedulerPlan] = field(default_factory=list)
+    streams: dict[str, Any] | None = None
 
 
 class FusionObserver(Protocol):
@@ -80,6 +84,7 @@ class FusedOutcome:
 
     progress: list[MemberProgress]
     step_mode: str  # vmap or loop
+    streams: list[dict[str, Any]] = field(default_factory=list)  # each member's, at its end
 
     @property
     def epochs(self) -> list[int]:
@@ -99,21 +104,24 @@ def fused_fit(
     device: torch.device | None = None,
     start: Sequence[MemberProgress] | None = None,
     step_mode: str = "auto",
-    on_epoch: Callable[[torch.Tensor, list[MemberProgress]], None] | None = None,
+    on_epoch: Callable[[torch.Tensor, list[MemberProgress], list[dict[str, Any]]], None]
+    | None = None,
     stop_asked: Callable[[], bool] | None = None,
+    drawn_streams: Sequence[str] = (),
 ) -> FusedOutcome:
     """Train every member on the same batches; their modules hold the trained weights after,
     their optimizers their state. ``start``: where the members resume (the same epoch and
     step for all), their modules, optimizers and schedulers restored from their checkpoints.
     ``step_mode``: ``vmap``, ``loop`` (see ``vmapped_step``), or ``auto``: the faster of the
-    two on the first batch. ``on_epoch(trained, progress)``: after each epoch, with the
-    members that trained in it (bool ``[N]``) and where each is, their modules, optimizers
-    and schedulers at its end. ``stop_asked()``: asked before each batch; True raises
-    ``FusedFitStopped`` (a preemption: the members resume from their last epoch's end)."""
+    two on the first batch. ``on_epoch(trained, progress, streams)``: after each epoch, with
+    the members that trained in it (bool ``[N]``), where each is, their modules, optimizers
+    and schedulers at its end, and each one's random states then. Steps read the group's
+    epoch and optimizer steps as ``self.current_epoch`` and ``self.global_step``.
+    ``stop_asked()``: asked before each batch; True raises ``FusedFitStopped`` (a preemption:
+    the members resume from their last epoch's end). ``drawn_streams``: the global streams
+    besides torch's that the data draws from (``MemberStreams``)."""
     device = device or torch.device("cpu")
     stack = MemberStack([m.module for m in members], device)
-    if stack.scalar_refusals:
-        raise ValueError("; ".join(stack.scalar_refusals))
     # the members' own modules stay where the app made them (their ends are sent from there);
     # on another device the step runs on a copy of the first
     first = members[0].module
@@ -139,72 +147,114 @@ def fused_fit(
     )
     epoch, step = progress[0].epochs, progress[0].steps
     train_batches = shape.batches(len(train_loader), shape.limit_train_batches)  # type: ignore[arg-type]
+    streams = MemberStreams([m.streams for m in members], [train_loader, val_loader], drawn_streams)
+    view = TrainerView()
+    stopping = torch.zeros(count, dtype=torch.bool)  # asked to stop, until min_* allow it
+    latest_val: dict[str, torch.Tensor] = {}  # the last validation's means, as Lightning keeps
+    total = progress[0].batches  # batches trained across epochs (Lightning's total_batch_idx)
     base.train()
-    while (shape.max_epochs < 0 or epoch < shape.max_epochs) and _below(step, shape.max_steps):
-        means = EpochMeans()
-        training = active.clone()  # the members this epoch counts for, stopped in it or not
-        for i in _members(active):
-            progress[i].epoch_started()
-        grads: dict[str, torch.Tensor] | None = None
-        for batch_idx, batch in enumerate(train_loader):
-            if batch_idx >= train_batches:
-                break
-            if stop_asked is not None and stop_asked():
-                raise FusedFitStopped(f"stopped in epoch {epoch}, batch {batch_idx}")
-            batch = to_device(batch, device)
-            grads_now, logs = train_step(stack, batch, batch_idx)
-            grads = grads_now if grads is None else {k: grads[k] + g for k, g in grads_now.items()}
-            last = batch_idx + 1 == train_batches
-            stepped = (batch_idx + 1) % shape.accumulate_grad_batches == 0 or last
+    with attached(base, view):
+        while (shape.max_epochs < 0 or epoch < shape.max_epochs) and _below(step, shape.max_steps):
+            view.current_epoch = epoch
+            means = EpochMeans()
+            training = active.clone()  # the members this epoch counts for, stopped in it or not
             for i in _members(active):
-                progress[i].batch_done(stepped)
-            if stepped:
-                _clip(grads, shape)
-                optimizer.step(stack.params, grads, active)
-                grads = None
-                step += 1
-                _step_schedulers(members, active, progress, "step", batch_idx + 1, plateau=False)
-            if last:
-                _step_schedulers(members, active, progress, "epoch", epoch + 1, plateau=False)
-            means.add(logs.values, logs.options, _batch_size(batch))
-            observer.train_step(step, epoch, _on_step(logs), logs.options)
-            if val_step is not None and _validates(shape, epoch, batch_idx, last):
-                val_means, val_batches = _validate(val_step, stack, val_loader, shape, device, base)  # type: ignore[arg-type]
-                for i in _members(active):
-                    progress[i].validated(val_batches)
-                stop = observer.validation_end(step, epoch, val_means)
-                _step_schedulers(
-                    members,
-                    active,
-                    progress,
-                    "step",
-                    batch_idx + 1,
-                    plateau=True,
-                    metrics=val_means,
+                progress[i].epoch_started()
+            grads: dict[str, torch.Tensor] | None = None
+            for batch_idx, batch in _counted(streams.iterate(train_loader), train_batches):
+                if stop_asked is not None and stop_asked():
+                    raise FusedFitStopped(f"stopped in epoch {epoch}, batch {batch_idx}")
+                batch = to_device(batch, device)
+                view.global_step = step
+                grads_now, logs = train_step(stack, batch, batch_idx)
+                grads = (
+                    grads_now if grads is None else {k: grads[k] + g for k, g in grads_now.items()}
                 )
-                active &= ~stop.to(torch.bool)
-            if not _below(step, shape.max_steps) or not bool(active.any()):
-                break
-        ended = observer.train_epoch_end(step, epoch, means.result())
-        if ended is not None:
-            active &= ~ended.to(torch.bool)
-        for i in _members(training):
-            progress[i].epochs += 1
-        _step_schedulers(
-            members, active, progress, "epoch", epoch + 1, plateau=True, metrics=means.latest
-        )
-        epoch += 1
-        if on_epoch is not None:  # the members' own objects hold the epoch's end now
+                last = batch_idx + 1 == train_batches
+                stepped = (batch_idx + 1) % shape.accumulate_grad_batches == 0 or last
+                for i in _members(active):
+                    progress[i].batch_done(stepped)
+                if stepped:
+                    _clip(grads, shape)
+                    optimizer.step(stack.params, grads, active)
+                    grads = None
+                    step += 1
+                    _step_schedulers(
+                        members, active, progress, "step", batch_idx + 1, plateau=False
+                    )
+                if last:
+                    _step_schedulers(members, active, progress, "epoch", epoch + 1, plateau=False)
+                means.add(logs.values, logs.options, _batch_size(batch))
+                observer.train_step(step, epoch, _on_step(logs), logs.options)
+                validates = _validates(shape, epoch, batch_idx, total, train_batches)
+                if val_step is not None and val_loader is not None and validates:
+                    view.global_step = step
+                    val_means, val_batches = _validate(
+                        val_step, stack, streams, val_loader, shape, device, base
+                    )
+                    latest_val = val_means
+                    for i in _members(active):
+                        progress[i].validated(val_batches)
+                    stopping |= observer.validation_end(step, epoch, val_means).to(torch.bool)
+                    _step_schedulers(
+                        members,
+                        active,
+                        progress,
+                        "step",
+                        batch_idx + 1,
+                        plateau=True,
+                        metrics=val_means,
+                    )
+                total += 1
+                # Lightning stops within an epoch once min_epochs and min_steps allow it
+                if shape.may_stop(epoch, step):
+                    active &= ~stopping
+                if not _below(step, shape.max_steps) or not bool(active.any()):
+                    break
+            ended = observer.train_epoch_end(step, epoch, means.result())
+            if ended is not None:
+                stopping |= ended.to(torch.bool)
             for i in _members(training):
-                stack.load_into(i, members[i].module)
-            optimizer.sync_to_members()
-            on_epoch(training, progress)
-        if not bool(active.any()):
-            break
+                progress[i].epochs += 1
+            _step_schedulers(
+                members,
+                active,
+                progress,
+                "epoch",
+                epoch + 1,
+                plateau=True,
+                metrics={**latest_val, **means.latest},
+            )
+            epoch += 1
+            if shape.may_stop(epoch, step):
+                active &= ~stopping
+            if on_epoch is not None:  # the members' own objects hold the epoch's end now
+                for i in _members(training):
+                    stack.load_into(i, members[i].module)
+                optimizer.sync_to_members()
+                on_epoch(training, progress, [streams.state_of(i) for i in range(count)])
+            if not bool(active.any()):
+                break
     for i, member in enumerate(members):
         stack.load_into(i, member.module)
     optimizer.sync_to_members()
-    return FusedOutcome(progress=progress, step_mode=step_mode)
+    return FusedOutcome(
+        progress=progress,
+        step_mode=step_mode,
+        streams=[streams.state_of(i) for i in range(count)],
+    )
+
+
+def _counted(iterator: Iterator[Any], count: int) -> Iterator[tuple[int, Any]]:
+    """The first ``count`` batches of ``iterator``, numbered, and no call after them: Lightning
+    stops at a loader's length, so a sampler's draws at its end (torch's ``RandomSampler``
+    draws one more order from its generator there) never happen."""
+    for index in range(count):
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        yield index, batch
 
 
 def _members(mask: torch.Tensor) -> list[int]:
@@ -215,18 +265,25 @@ def _below(step: int, max_steps: int) -> bool:
     return max_steps < 0 or step < max_steps
 
 
-def _validates(shape: TrainingShape, epoch: int, batch_idx: int, last: bool) -> bool:
+def _validates(
+    shape: TrainingShape, epoch: int, batch_idx: int, total: int, train_batches: int
+) -> bool:
+    """Lightning's rule: every ``check_val_every_n_epoch`` epochs, at the batches
+    ``val_check_interval`` names: counted within the epoch, or across epochs where
+    ``check_val_every_n_epoch`` is None."""
     every = shape.check_val_every_n_epoch
     if every is not None and (epoch + 1) % every != 0:
         return False
-    if isinstance(shape.val_check_interval, int):
-        return (batch_idx + 1) % shape.val_check_interval == 0
-    return last
+    interval = shape.val_check_interval
+    check_batch = interval if isinstance(interval, int) else int(train_batches * interval)
+    current = total if every is None else batch_idx
+    return check_batch > 0 and (current + 1) % check_batch == 0
 
 
 def _validate(
     val_step: StepFn,
     stack: MemberStack,
+    streams: MemberStreams,
     loader: Iterable[Any],
     shape: TrainingShape,
     device: torch.device,
@@ -237,9 +294,7 @@ def _validate(
     means = EpochMeans()
     batches = shape.batches(len(loader), shape.limit_val_batches)  # type: ignore[arg-type]
     done = 0
-    for batch_idx, batch in enumerate(loader):
-        if batch_idx >= batches:
-            break
+    for batch_idx, batch in _counted(streams.iterate(loader), batches):
         batch = to_device(batch, device)
         _, logs = val_step(stack, batch, batch_idx)
         means.add(logs.values, logs.options, _batch_size(batch))

@@ -9,9 +9,10 @@ fit loop keeps (``_batches_that_stepped``):
 - after validation: its epoch values, at the count before the batch's step (validation runs
   before the count moves on);
 - at a training epoch's end: the epoch values of training (``name_epoch`` beside an on-step
-  one), at that same count (measured against Lightning 2.6: one call with validation's).
+  one), at that same count, in a call of its own after validation's (Lightning 2.6's
+  CSVLogger writes the three as three rows).
 
-Each adds ``epoch``. A member's history row per epoch is its callback metrics at the
+Each adds ``epoch``, an int. A member's history row per epoch is its callback metrics at the
 epoch's end (``EpochRecord``). A member stopped early records nothing after its stop.
 """
 
@@ -25,7 +26,7 @@ import torch
 from furcate_hydra.fusion.member_stopping import MemberStopping
 from furcate_hydra.fusion.step_logs import LogOptions
 
-Logged = tuple[int, dict[str, float]]  # (step, metrics) as one logger call receives them
+Logged = tuple[int, dict[str, float | int]]  # (step, metrics) as one logger call gets them
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,8 @@ class MemberRecords:
         self._validation_names: list[set[str]] = [set() for _ in self.logs]
 
     def _log(self, member: int, step: int, values: dict[str, float], epoch: int) -> None:
-        """One logger call; values of the epoch's end at the step validation's went to join
-        them (Lightning hands its loggers one call there)."""
-        logged = self.logs[member].logged
-        if logged and logged[-1][0] == step and "epoch" in logged[-1][1]:
-            logged[-1][1].update(values)
-        else:
-            logged.append((step, {**values, "epoch": float(epoch)}))
+        """One logger call, with the epoch as Lightning adds it (an int)."""
+        self.logs[member].logged.append((step, {**values, "epoch": epoch}))
 
     def _recording(self, member: int, epoch: int) -> bool:
         stopped = self.stopping.final.stopped_in[member]
@@ -92,7 +88,7 @@ class MemberRecords:
                 if options[name].logger
             }
             if values:
-                self.logs[member].logged.append((step - 1, {**values, "epoch": float(epoch)}))
+                self.logs[member].logged.append((step - 1, {**values, "epoch": epoch}))
 
     def validation_end(self, step: int, epoch: int, means: dict[str, torch.Tensor]) -> torch.Tensor:
         open_now = [self._recording(m, epoch) for m in range(len(self.logs))]

@@ -1,12 +1,13 @@
-"""Numbers a member's module keeps as plain attributes (a loss weight, an ``hparams`` entry):
-where members differ, each member's step sees its own.
+"""Floats a member's module keeps as its own attributes or ``hparams`` entries (a loss
+weight): where members differ, each member's step sees its own.
 
 Under ``vmap`` one module runs every member's step, so an attribute such as ``self.alpha`` in
 ``loss * self.alpha`` would be the first member's for all. The floats that differ between
 members become one ``[N]`` tensor each, set on the module for the length of a step (a 0-d
 tensor per member inside ``vmap``, in the parameters' dtype: a float32 tensor times a Python
-float rounds as times that float's float32). Other values that differ (an int, a string, a
-flag) may steer control flow or shapes: reasons to run alone.
+float rounds as times that float's float32). Whether a step's arithmetic with such a tensor is
+its arithmetic with the float, bitwise, the probe checks on each member (``probe``); any other
+value that differs where a step reads it is a reason to run alone (``signature``).
 """
 
 from __future__ import annotations
@@ -35,26 +36,29 @@ def _attributes(module: nn.Module) -> dict[str, Any]:
     return found
 
 
+def float_names(module: nn.Module) -> list[str]:
+    """The module's own floats that a step could see per member (``hparams.<key>`` for an
+    ``hparams`` entry)."""
+    return sorted(name for name, value in _attributes(module).items() if type(value) is float)
+
+
 def differing_scalars(
-    modules: Sequence[nn.Module], dtype: torch.dtype = torch.float32
-) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The floats that differ between members, one ``[N]`` tensor each; and the reasons the
-    other differing values give to run alone (empty: none)."""
+    modules: Sequence[nn.Module],
+    dtype: torch.dtype = torch.float32,
+    names: Sequence[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """The floats that differ between members (or, given, those ``names``), one ``[N]``
+    tensor each. Other values that differ are the signature's to judge."""
     each = [_attributes(module) for module in modules]
     scalars: dict[str, torch.Tensor] = {}
-    reasons = []
-    for name in sorted(set().union(*each)):
+    for name in sorted(set().union(*each)) if names is None else names:
         values = [found.get(name) for found in each]
-        if all(value == values[0] and type(value) is type(values[0]) for value in values):
-            continue
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        if numbers and any(isinstance(v, float) for v in values):
+        if not numbers or not any(isinstance(v, float) for v in values):
+            continue
+        if names is not None or any(v != values[0] for v in values):
             scalars[name] = torch.tensor([float(v) for v in values], dtype=dtype)  # type: ignore[arg-type]
-        else:
-            reasons.append(
-                f"its module's {name} differs ({', '.join(repr(v) for v in values[:3])}…)"
-            )
-    return scalars, reasons
+    return scalars
 
 
 @contextmanager

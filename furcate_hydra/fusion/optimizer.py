@@ -16,8 +16,24 @@ import torch
 from torch import nn
 
 SUPPORTED = ("SGD", "Adam", "AdamW")
-# flags that change torch's update rule: the fused step implements their default only
-_DEFAULT_FLAGS = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False}
+# what the fused step applies per member, read from each member's param group
+_HYPERPARAMETERS = {
+    "SGD": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+    "Adam": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay"),
+    "AdamW": ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay"),
+}
+# flags that change torch's update rule or its arithmetic: the fused step is torch's
+# single-tensor rule with these values only (foreach and fused kernels round otherwise)
+_FLAGS: dict[str, tuple[object, ...]] = {
+    "amsgrad": (False,),
+    "maximize": (False,),
+    "capturable": (False,),
+    "differentiable": (False,),
+    "foreach": (None, False),
+    "fused": (None, False),
+}
+# what lr schedulers keep in a param group for themselves
+_SCHEDULER_KEYS = ("initial_lr", "max_lr", "min_lr", "base_lr", "base_momentum", "max_momentum")
 
 
 def optimizer_refusals(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]:
@@ -33,22 +49,44 @@ def optimizer_refusals(optimizers: Sequence[torch.optim.Optimizer]) -> list[str]
         if len(opt.param_groups) != 1:
             reasons.append(f"its optimizer has {len(opt.param_groups)} parameter groups")
             break
-        group = opt.param_groups[0]
-        for flag, default in _DEFAULT_FLAGS.items():
-            if group.get(flag, default) != default:
-                reasons.append(f"its optimizer sets {flag}={group[flag]!r}")
-    if kind == "SGD" and len({bool(opt.param_groups[0]["nesterov"]) for opt in optimizers}) > 1:
-        reasons.append("its optimizer's nesterov differs")
+        reasons += _group_refusals(kind, opt.param_groups[0])
+    if len({optimizer_form(opt) for opt in optimizers}) > 1:
+        reasons.append("its optimizer's update rule differs (nesterov or decoupled weight decay)")
     return sorted(set(reasons))
 
 
+def _group_refusals(kind: str, group: dict[str, object]) -> list[str]:
+    """Every key of a param group is either a hyperparameter the fused step applies, a flag
+    at a value it implements, or a scheduler's own: anything else is a reason."""
+    reasons = []
+    for key, value in group.items():
+        if key == "params" or key in _HYPERPARAMETERS[kind] or key in _SCHEDULER_KEYS:
+            continue
+        allowed = _FLAGS.get(key)
+        if allowed is None:
+            reasons.append(f"its optimizer's {key}={value!r} has no fused form")
+        elif value not in allowed:
+            reasons.append(f"its optimizer sets {key}={value!r}")
+    return reasons
+
+
+def decoupled_decay(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the weight decay is AdamW's (decoupled), as torch decides it."""
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    default = type(optimizer).__name__ == "AdamW"
+    return bool(group.get("decoupled_weight_decay", default))
+
+
 def optimizer_form(optimizer: torch.optim.Optimizer) -> str:
-    """What members' optimizers must share to step as one: the class, and SGD's nesterov
-    (its hyperparameters may differ)."""
+    """What members' optimizers must share to step as one: the class and the flags that
+    choose its rule (SGD's nesterov, Adam's decoupled weight decay); its hyperparameters may
+    differ."""
     kind = type(optimizer).__name__
-    if kind == "SGD" and optimizer.param_groups:
+    if not optimizer.param_groups:
+        return kind
+    if kind == "SGD":
         return f"SGD(nesterov={bool(optimizer.param_groups[0].get('nesterov', False))})"
-    return kind
+    return f"{kind}(decoupled_weight_decay={decoupled_decay(optimizer)})"
 
 
 # what torch's optimizers hold per parameter, as the fused state's first and second slots
@@ -171,6 +209,7 @@ class FusedOptimizer:
         """Update ``params`` in place from ``grads`` for the members where ``active`` holds."""
         self.steps += active.to(torch.float64).cpu()
         nesterov = self.kind == "SGD" and bool(self.members[0].param_groups[0]["nesterov"])
+        decoupled = self.kind != "SGD" and decoupled_decay(self.members[0])
         # every scalar is computed in float64 first, as torch computes a Python float, then
         # moved once a step to where the parameters are
         hyper = _Hyper(self._sgd_scalars() if self.kind == "SGD" else self._adam_scalars())
@@ -185,7 +224,7 @@ class FusedOptimizer:
             if self.kind == "SGD":
                 new = self._sgd(param, grad, slot, hyper, nesterov, mask)
             else:
-                new = self._adam(param, grad, slot, hyper, self.kind == "AdamW", mask)
+                new = self._adam(param, grad, slot, hyper, decoupled, mask)
             param.copy_(torch.where(mask, new, param))
 
     def _sgd_scalars(self) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import psutil
 
 from furcate_hydra import env_vars
 
@@ -167,10 +168,31 @@ def _lead(directory: Path, key: str, size: int, payload: Any, timeout_s: float) 
                 continue
             accepted.settimeout(None)
             connection = Connection(accepted.detach())
-            their_key, their_payload = _receive(connection)
+            try:
+                their_key, their_payload = _receive(connection)
+            except Exception as exc:  # a member gone mid-send, or what no member sends
+                log.info("furcate: fused: a connection to the group's leader was dropped (%s)", exc)
+                connection.close()
+                continue
             members.append(Joined(their_key, their_payload, connection))
         (directory / CLOSED).touch()  # before the socket closes: no one joins after this
     return Leading(members)
+
+
+def _leader_pid(directory: Path) -> int | None:
+    """The pid the leader wrote into its mark (None until it has)."""
+    try:
+        return int((directory / LEADER).read_text() or "0") or None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a process that exited and is not yet reaped does not)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _gone(directory: Path, joined: list[Joined]) -> int:
@@ -185,6 +207,9 @@ def _follow(directory: Path, key: str, payload: Any, timeout_s: float) -> Follow
     while True:
         if (directory / CLOSED).exists():
             raise RendezvousError("the group's leader had stopped waiting for members")
+        leader = _leader_pid(directory)
+        if leader is not None and not _alive(leader):
+            raise RendezvousError(f"the group's leader (pid {leader}) is gone")
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             client.connect(_address(directory))

@@ -21,6 +21,8 @@ class TrainingShape:
     check_val_every_n_epoch: int | None
     log_every_n_steps: int
     precision: str
+    min_epochs: int = 0
+    min_steps: int = 0
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> TrainingShape:
@@ -40,7 +42,14 @@ class TrainingShape:
             check_val_every_n_epoch=trainer.check_val_every_n_epoch,
             log_every_n_steps=int(trainer.log_every_n_steps),
             precision=str(trainer.precision),
+            min_epochs=int(trainer.fit_loop.min_epochs or 0),
+            min_steps=int(trainer.fit_loop.min_steps or 0),
         )
+
+    def may_stop(self, epochs_done: int, steps: int) -> bool:
+        """Whether a stop asked for (early stopping) may happen now: Lightning's
+        ``min_epochs`` and ``min_steps`` met."""
+        return epochs_done >= self.min_epochs and steps >= self.min_steps
 
     def differences(self, other: TrainingShape) -> list[str]:
         """The settings that differ from ``other``, by name."""

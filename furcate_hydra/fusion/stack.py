@@ -12,13 +12,19 @@ from furcate_hydra.fusion.member_scalars import differing_scalars
 
 class MemberStack:
     """Each parameter and buffer of N same-shaped modules as one ``[N, ...]`` tensor, and
-    each plain float that differs between them as one ``[N]`` tensor (``scalars``).
+    each plain float that differs between them (or each of ``scalar_names``) as one ``[N]``
+    tensor (``scalars``).
 
     The parameters are leaves that the fused optimizer updates in place; ``member_state``
     gives one member's tensors back under the module's own names.
     """
 
-    def __init__(self, modules: Sequence[nn.Module], device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        modules: Sequence[nn.Module],
+        device: torch.device | None = None,
+        scalar_names: Sequence[str] | None = None,
+    ) -> None:
         if not modules:
             raise ValueError("a fused group needs at least one member")
         self.count = len(modules)
@@ -36,7 +42,7 @@ class MemberStack:
             stacked = torch.stack([own[name].detach() for own in each_buffers])
             self.buffers[name] = stacked.to(device).clone()
         dtype = next(iter(self.params.values())).dtype if self.params else torch.float32
-        scalars, self.scalar_refusals = differing_scalars(modules, dtype)
+        scalars = differing_scalars(modules, dtype, scalar_names)
         self.scalars = {name: values.to(device) for name, values in scalars.items()}
 
     def parts(

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from furcate_hydra.fusion.random_states import capture_rng, restore_rng
 from furcate_hydra.known_warnings import ignore_lightning_mid_epoch_resume
 from furcate_hydra.lightning._loader_replay import LoaderFollower, Resume, follow
 from furcate_hydra.lightning._namespace import CallbackBase
-from furcate_hydra.lightning._rng import capture_rng, restore_rng
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -71,6 +71,11 @@ class ExactResume(CallbackBase):
         self.not_exact: str | None = None
         self._trainer: pl.Trainer | None = None
         self._pending: dict[str, Any] | None = None
+
+    @property
+    def restored_untrained(self) -> bool:
+        """Whether fit restored a checkpoint and then trained nothing (it had no epoch left)."""
+        return self._pending is not None
 
     @property
     def resumable(self) -> bool:
@@ -132,6 +137,11 @@ class ExactResume(CallbackBase):
             state["epoch"], state["batch"] = _position(trainer)
             state.update(follower.checkpoint_part(state["epoch"], state["batch"]))
         return state
+
+    def epoch_end_state(self, streams: dict[str, Any], epochs_done: int) -> dict[str, Any]:
+        """This callback's state in a checkpoint taken at the end of ``epochs_done`` epochs
+        elsewhere (a fused group's), whose random states were ``streams`` then."""
+        return {"seed": self.seed, **streams, "epoch": epochs_done, "batch": 0}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.seed = int(state_dict.get("seed", self.seed))

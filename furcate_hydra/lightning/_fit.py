@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.lightning._banners import lightning_banners
-from furcate_hydra.lightning._fused_member import GroupEnv, fit_in_group
+from furcate_hydra.lightning._fused_member import GroupEnv, alone_in_group, fit_in_group
 from furcate_hydra.lightning._history import scalar_metrics
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import CHECKPOINT_ARTIFACT_DIR, JobTraining
@@ -195,12 +195,15 @@ def fit(
             if fused is not None:
                 training.checkpoint.save(trainer)  # its end, as its run's last checkpoint
             else:
-                trainer.fit(
-                    **data,
-                    ckpt_path=resume.path if resume else None,
-                    # our own files, verified by their sha256; they hold the RNG states too
-                    weights_only=False,
-                )
+                with alone_in_group(group, training) as kept:
+                    if kept is not None:  # its group's leader was gone after some epochs
+                        resume = training.resume_from(trainer)
+                    trainer.fit(
+                        **data,
+                        ckpt_path=resume.path if resume else None,
+                        # our own files, verified by their sha256; they hold the RNG states too
+                        weights_only=False,
+                    )
     finished = training.finish(trainer)
     resumed_at = resume.at if resume else None
     return FitResult(

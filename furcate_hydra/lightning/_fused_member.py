@@ -17,20 +17,24 @@ nothing left to train and returns; the Trainer then holds what the app reads aft
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
+import pickle
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import torch
 
 from furcate_hydra import env_vars
 from furcate_hydra.atomic import atomic_write_bytes
+from furcate_hydra.errors import first_line
 from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, SendLoaders, Trained, lead
 from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
 from furcate_hydra.fusion.fused_fit import FusedFitStopped
@@ -38,7 +42,15 @@ from furcate_hydra.fusion.group_width import Width
 from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
 from furcate_hydra.fusion.member_records import MemberLog
 from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
+from furcate_hydra.fusion.random_states import (
+    StreamsKept,
+    capture_rng,
+    loader_generators,
+    restore_rng,
+    restore_streams,
+)
 from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join
+from furcate_hydra.lightning._app_checkpoints import save_app_checkpoints
 from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_training import JobTraining
 from furcate_hydra.lightning._pruning import OptunaPruning
@@ -76,6 +88,7 @@ def finish_trained(
     # Lightning keeps no metrics in a checkpoint: what the member's run ended with, by the
     # names its callback_metrics would hold them
     trainer._logger_connector._callback_metrics.update(end.callback_metrics)
+    save_app_checkpoints(trainer)
 
 
 @dataclass(frozen=True)
@@ -137,29 +150,35 @@ def join_group(
             epoch is where it resumes).
     """
     offer = _offer(trainer, arguments, refusal)
+    # whatever the group draws, this process's streams are its own fit's again after: a member
+    # left alone trains from them, a trained one takes its end's (``finish_in_group``)
+    generators = loader_generators(offer.call.train_loader)
+    generators += loader_generators(offer.call.val_loader)
     try:
-        joined = join(group.directory, group.key, group.size, offer, group.gather_s)
-        if isinstance(joined, Following):
-            while isinstance(message := joined.receive(), EpochEnd | SendLoaders):
-                if isinstance(message, SendLoaders):
-                    joined.send((offer.call.train_loader, offer.call.val_loader))
-                else:
-                    on_epoch(message)
-            joined.connection.close()
-            return message  # type: ignore[no-any-return]
-        try:
-            device = trainer.strategy.root_device if offer.call.fusable else None
-            ends = lead(
-                joined,
-                group.fuse_max,
-                device,
-                on_epoch,
-                stop_asked=lambda: signalled() is not None,
-                min_gain=group.min_gain,
-                on_width=group.widths_learned(),
-            )
-        finally:
-            joined.close()
+        with StreamsKept(generators):
+            joined = join(group.directory, group.key, group.size, offer, group.gather_s)
+            if isinstance(joined, Following):
+                while isinstance(message := joined.receive(), EpochEnd | SendLoaders):
+                    if isinstance(message, SendLoaders):
+                        joined.send(_loaders_or_none(offer))
+                    else:
+                        on_epoch(message)
+                joined.connection.close()
+                return message  # type: ignore[no-any-return]
+            try:
+                device = trainer.strategy.root_device if offer.call.fusable else None
+                with _slot_turn(group):  # members left alone wait while the group trains
+                    ends = lead(
+                        joined,
+                        group.fuse_max,
+                        device,
+                        on_epoch,
+                        stop_asked=lambda: signalled() is not None,
+                        min_gain=group.min_gain,
+                        on_width=group.widths_learned(),
+                    )
+            finally:
+                joined.close()
     except (RendezvousError, FusedFitStopped) as exc:
         name = signalled()
         if name is not None:  # its group stopped for the same signal: it is preempted
@@ -180,6 +199,9 @@ class GroupPreempted(Exception):
 
 
 def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offer:
+    """What this member brings; the random streams are as they were before it after (its own
+    fit, alone or over its group's end, runs fit's data and module hooks from them again)."""
+    before = capture_rng()
     if refusal is not None:
         call = FitCall(reasons=[refusal])
     else:
@@ -197,13 +219,54 @@ def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offe
         getattr(sys.modules.get(type(trainer).__module__.split(".")[0]), "__version__", "")
     )
     pruning = [cb for cb in trainer.callbacks if isinstance(cb, OptunaPruning) and cb.active]
-    return Offer(
+    offer = Offer(
         call,
         early_stopping_callbacks(trainer.callbacks),
         version,
         int(trainer.log_every_n_steps),
         pruning[0] if pruning else None,
     )
+    unsendable = _cannot_send(offer)
+    if unsendable is not None:
+        offer = replace(offer, call=replace(call, reasons=[unsendable], member=None))
+    restore_rng(before)
+    return offer
+
+
+def _cannot_send(offer: Offer) -> str | None:
+    """Why ``offer`` cannot travel to its group's leader (a lock, an open file, a lambda held
+    by the module or its callbacks), or None."""
+    if not offer.call.fusable:
+        return None
+    try:
+        cloudpickle.dumps(offer, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return f"its module, optimizer or callbacks cannot be sent to its group ({first_line(exc)})"
+    return None
+
+
+def _loaders_or_none(offer: Offer) -> Any:
+    """The loaders the leader asked for, or None where they cannot travel (the leader then
+    asks another member)."""
+    loaders = (offer.call.train_loader, offer.call.val_loader)
+    try:
+        cloudpickle.dumps(loaders, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        log.info("furcate: fused: this member's loaders cannot be sent (%s)", first_line(exc))
+        return None
+    return loaders
+
+
+@contextlib.contextmanager
+def _slot_turn(group: GroupEnv) -> Iterator[None]:
+    """One training at a time on the group's slot: its leader's groups, then each member
+    that runs alone, in turn (the slot's cores are the group's, as a job's are its own)."""
+    with (group.directory / "slot.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def log_member(trainer: Any, history: MetricsHistory, log: MemberLog) -> None:
@@ -255,11 +318,15 @@ def keep_epoch(trainer: Any, training: JobTraining, end: EpochEnd) -> None:
     if trainer.is_global_zero and training.history.rows:
         training.history.write()
     checkpoint = dict(end.checkpoint)
-    # the history rows travel in it, as in every checkpoint of furcate's
-    checkpoint["callbacks"] = {
+    # the history rows and the random states travel in it, as in every checkpoint of furcate's
+    callbacks = {
         **checkpoint.get("callbacks", {}),
         training.history.state_key: training.history.state_dict(),
     }
+    if end.streams is not None:
+        at_end = training.exact.epoch_end_state(end.streams, int(checkpoint["epoch"]))
+        callbacks[training.exact.state_key] = at_end
+    checkpoint["callbacks"] = callbacks
     if end.log.epochs:  # what the sweep's live view and `furcate status` show of the job
         latest = end.log.epochs[-1]
         write_progress(training.env.paths.progress, latest.epoch, latest.step, latest.metrics)
@@ -305,5 +372,28 @@ def fit_in_group(
     )
     rest = {k: v for k, v in arguments.items() if k not in ("self", "model", "ckpt_path")}
     finish_trained(fit, trainer, arguments["model"], end, **rest)
+    if end.streams is not None:  # where its own run's random states end
+        restore_streams(end.streams, _own_generators(arguments))
     log_member(trainer, training.history, end.log)
     return end
+
+
+def _own_generators(arguments: dict[str, Any]) -> list[torch.Generator]:
+    """The generators of the loaders this member's fit was given (its own objects)."""
+    found = []
+    for key in ("train_dataloaders", "val_dataloaders"):
+        found += loader_generators(arguments.get(key))
+    return found
+
+
+@contextlib.contextmanager
+def alone_in_group(group: GroupEnv | None, training: JobTraining) -> Iterator[Path | None]:
+    """Around the own ``fit`` of a member its group did not train: one such fit at a time on
+    the group's slot (as one job at a time without fusion). Yields the checkpoint its group
+    kept last, if its leader trained some of its epochs before it was gone: the fit resumes
+    there (no epoch trained twice, no metric logged twice)."""
+    if group is None:
+        yield None
+        return
+    with _slot_turn(group):
+        yield training.checkpoint.last_saved

@@ -29,8 +29,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from furcate_hydra.fusion.data_streams import loader_generators
-from furcate_hydra.lightning._rng import capture_rng, numpy_state, restore_rng
+from furcate_hydra.fusion.random_states import (
+    capture_streams,
+    loader_generators,
+    numpy_state,
+    restore_streams,
+)
 
 __all__ = ["LoaderFollower", "ReplayNotExactWarning", "Resume", "follow"]
 
@@ -70,12 +74,10 @@ class LoaderFollower:
 
     def states(self) -> dict[str, Any]:
         """Every random state the loader's epochs draw from, as tensors and plain values."""
-        return {"rng": capture_rng(), "generators": [g.get_state() for g in self.generators]}
+        return capture_streams(self.generators)
 
     def put_back(self, states: dict[str, Any]) -> None:
-        restore_rng(states["rng"])
-        for generator, state in zip(self.generators, states.get("generators", []), strict=False):
-            generator.set_state(state)
+        restore_streams(states, self.generators)
 
     def resume_at(self, resume: Resume) -> None:
         """The next iterator replays ``resume``."""

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from furcate_hydra.lightning._fit import building_in_fit
-from furcate_hydra.lightning._fused_member import GroupEnv, fit_in_group
+from furcate_hydra.lightning._fused_member import GroupEnv, alone_in_group, fit_in_group
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import JobTraining, ResumePoint
 from furcate_hydra.lightning._logger import RunBinding, bound_class, bound_logger, job_arguments
@@ -134,9 +134,16 @@ def _trainer_fit(original: Callable[..., None], trainer: Any, *args: Any, **kwar
         training.checkpoint.save(trainer)  # its end, as its run's last checkpoint
         training.finish(trainer)
         return
-    _say_once(trainer, namespace, training, _start_words(resume, chosen))
-    with training.fitting(trainer, namespace), _resumed_dir_not_empty(resume):
-        original(*call.args, **call.kwargs)
+    with alone_in_group(group, training) as kept:
+        if kept is not None and not chosen:  # its group's leader was gone after some epochs
+            resume = training.resume_from(trainer)
+            if resume is not None:
+                arguments["ckpt_path"] = str(resume.path)
+                if "weights_only" in arguments:
+                    arguments["weights_only"] = False
+        _say_once(trainer, namespace, training, _start_words(resume, chosen))
+        with training.fitting(trainer, namespace), _resumed_dir_not_empty(resume):
+            original(*call.args, **call.kwargs)
     training.finish(trainer)
 
 
