@@ -57,9 +57,34 @@ def test_state_dict_round_trip(tmp_path: Path) -> None:
     from furcate_hydra.lightning import MetricsHistory
 
     history = MetricsHistory(tmp_path)
-    history.load_state_dict({"rows": [{"epoch": 0, "step": 4, "loss": 1.5}]})
-    assert history.state_dict() == {"rows": [{"epoch": 0, "step": 4, "loss": 1.5}]}
+    state = {"rows": [{"epoch": 0, "step": 4, "loss": 1.5}], "callback_metrics": {"loss": 1.5}}
+    history.load_state_dict(state)
+    assert history.state_dict() == state
     assert json.loads(history.write().read_text()) == [{"epoch": 0, "step": 4, "loss": 1.5}]
+
+
+def test_a_fit_resumed_with_nothing_left_ends_with_its_last_epochs_metrics(
+    tmp_path: Path,
+) -> None:
+    """Killed after its last epoch's checkpoint, a job resumes there: the app reads what its
+    uninterrupted fit ended with from callback_metrics, as it would have."""
+    import lightning as L
+
+    from furcate_hydra.lightning import MetricsHistory
+    from tests.test_fusion_engine import QUIET, TinyMLP, _loaders
+
+    def trainer(history: MetricsHistory) -> L.Trainer:
+        options = {**QUIET, "enable_checkpointing": True, "default_root_dir": tmp_path}
+        # furcate gives either namespace's Trainer its callbacks (typed as pytorch_lightning's)
+        return L.Trainer(**options, max_epochs=2, callbacks=[history])  # type: ignore[list-item]
+
+    first = trainer(MetricsHistory(tmp_path / "a"))
+    first.fit(TinyMLP(0.1, 0.0), *_loaders())
+    ended = {k: float(v) for k, v in first.callback_metrics.items()}
+    first.save_checkpoint(tmp_path / "end.ckpt")
+    resumed = trainer(MetricsHistory(tmp_path / "b"))
+    resumed.fit(TinyMLP(0.1, 0.0), *_loaders(), ckpt_path=tmp_path / "end.ckpt")
+    assert {k: float(v) for k, v in resumed.callback_metrics.items()} == ended
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,11 @@
               continue in the new dir; the old sweep's files stay as they were
 
 A job re-queued in the same job dir (a preemption) finds its files where they were.
+
+Where this process's fit trained none of the epochs that write them (a fused member, trained by
+its group; a job resumed from its last epoch's checkpoint with nothing left to train), the
+files are saved as the app's own run saved them at its last epoch's end
+(``save_app_checkpoints``).
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from furcate_hydra.atomic import link_or_copy
+from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._namespace import CallbackBase
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-__all__ = ["AppCheckpoints"]
+__all__ = ["AppCheckpoints", "save_app_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -118,3 +124,28 @@ def _relative(path: Path, folder: Path) -> Path | None:
         return Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
     except ValueError:
         return None
+
+
+def save_app_checkpoints(trainer: Any) -> None:
+    """The files the app's own ``ModelCheckpoint`` callbacks that saved nothing yet hold at
+    the end of its own run, saved as at its last epoch's end (a fused member is let into a
+    group only where that end decides them: no monitor, the latest epoch kept)."""
+    unsaved = [
+        cb
+        for cb in trainer.callbacks
+        if derives_from(cb, "ModelCheckpoint", LIGHTNING)
+        and not (cb.last_model_path or cb.best_model_path)
+    ]
+    if not unsaved:
+        return
+    progress = trainer.fit_loop.epoch_progress.current
+    completed = progress.completed
+    # inside its last epoch's end, where the app's run saved them, that epoch is not completed
+    progress.completed = max(completed - 1, 0)
+    try:
+        for callback in unsaved:
+            candidates = callback._monitor_candidates(trainer)
+            callback._save_topk_checkpoint(trainer, candidates)
+            callback._save_last_checkpoint(trainer, candidates)
+    finally:
+        progress.completed = completed

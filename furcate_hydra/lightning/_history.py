@@ -53,6 +53,9 @@ class MetricsHistory(CheckpointBase):
         self._val_keys: set[str] = set()
         self._before_val: dict[str, float] = {}
         self._validated = False
+        # the callback metrics the latest row was taken from, unfiltered: a fit resumed with
+        # nothing left to train hands them back to the app, as its uninterrupted fit ended
+        self.ended_with: dict[str, float] = {}
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         from furcate_hydra.lightning._checkpoint import AtomicCheckpoint  # it imports us
@@ -105,6 +108,7 @@ class MetricsHistory(CheckpointBase):
         """The row of ``epoch``, from the callback metrics at its end (a fused member's come
         from its group's leader, with the names its validation logged)."""
         self._val_keys.update(validation_names)
+        self.ended_with = dict(metrics)
         if not validated:
             metrics = {k: v for k, v in metrics.items() if k not in self._val_keys}
         row: Row = {"epoch": epoch, "step": step}
@@ -113,7 +117,11 @@ class MetricsHistory(CheckpointBase):
         self.rows = [r for r in self.rows if r["epoch"] < epoch] + [row]
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # a resumed run with no epochs left still gets its restored history on disk
+        # a resumed run with no epochs left still gets its restored history on disk, and the
+        # metrics its last epoch ended with (an app reads them after fit)
+        if not trainer.callback_metrics and self.ended_with:
+            ended = {k: torch.tensor(v) for k, v in self.ended_with.items()}
+            trainer._logger_connector._callback_metrics.update(ended)
         if trainer.is_global_zero and self.rows:
             self.write()
 
@@ -134,10 +142,11 @@ class MetricsHistory(CheckpointBase):
         return self.path
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rows": [dict(r) for r in self.rows]}
+        return {"rows": [dict(r) for r in self.rows], "callback_metrics": dict(self.ended_with)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rows = [dict(r) for r in state_dict.get("rows", [])]
+        self.ended_with = dict(state_dict.get("callback_metrics", {}))
 
 
 def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -27,7 +27,7 @@ from furcate_hydra.known_warnings import (
     ignore_lightning_pytree_deprecation,
     ignore_lightning_srun_hint,
 )
-from furcate_hydra.lightning._app_checkpoints import AppCheckpoints
+from furcate_hydra.lightning._app_checkpoints import AppCheckpoints, save_app_checkpoints
 from furcate_hydra.lightning._checkpoint import AtomicCheckpoint
 from furcate_hydra.lightning._exact_resume import ExactResume, run_seed
 from furcate_hydra.lightning._history import MetricsHistory
@@ -152,6 +152,8 @@ class JobTraining:
     def finish(self, trainer: pl.Trainer) -> Finished:
         """After fit: history.json, plots and final.ckpt (rank zero), artifacts of the run."""
         history_path = self.history.path
+        if self.exact.restored_untrained:  # resumed at its end: the app's files as its run's
+            save_app_checkpoints(trainer)
         if not trainer.is_global_zero:
             return Finished(history_path, [], None)
         final = self.checkpoint.last_saved
