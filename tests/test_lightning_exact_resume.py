@@ -10,6 +10,7 @@ with the same training left uninterrupted and with Lightning alone, no furcate a
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import signal
@@ -68,13 +69,16 @@ def test_resumed_mid_epoch_ends_bitwise_equal_to_lightning_alone(
     from tests.apps.dropout_regression import BATCHES_PER_EPOCH, train, train_alone, weights
 
     alone = weights(train_alone(tmp_path / "alone", workers=workers, data=data))
-    uninterrupted, _ = train(env(tmp_path / "a"), workers=workers, data=data)
+    uninterrupted, whole = train(env(tmp_path / "a"), workers=workers, data=data)
     resumed, result = interrupted_then_resumed(tmp_path / "b", workers=workers, data=data)
 
     assert result.resumed_at_epoch == 1
     assert result.resumed_at_batch == (STOP_AT + 1) % BATCHES_PER_EPOCH
     for got in (weights(uninterrupted), weights(resumed)):
         assert all(torch.equal(alone[name], got[name]) for name in alone)
+    # the interrupted epoch's mean is over all its batches, those before the stop included
+    rows, whole_rows = (json.loads(r.history_path.read_text()) for r in (result, whole))
+    assert rows == whole_rows
 
 
 @pytest.mark.slow  # CI runs it; SIGTERM's test covers the path in the quick suite

@@ -118,6 +118,7 @@ class AtomicCheckpoint(CheckpointBase):
         self.last_saved: Path | None = None
         self._last_step = 0
         self._last_time = time.monotonic()
+        self._stopping: JobPreempted | None = None  # saved: raised at the next hook
 
     # -- Lightning's hooks ---------------------------------------------------------------
 
@@ -152,6 +153,18 @@ class AtomicCheckpoint(CheckpointBase):
         saved = self.save(trainer, batch=batches_done(trainer))
         if stop:
             self._stop(saved)
+
+    # a stop whose checkpoint is saved waits for the next of these: Lightning hands the
+    # batch's or the epoch's values to the loggers after the hook that saved, and a resumed
+    # run continues after them, so its loggers would never get them otherwise
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._stop_now()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_now()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_now()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # a debugging run must not become the run's resume point
@@ -239,7 +252,15 @@ class AtomicCheckpoint(CheckpointBase):
                 "the start of this epoch",
                 stacklevel=2,
             )
-        raise JobPreempted(self.watch.signal_name, None if saved is None else saved.name)
+        stop = JobPreempted(self.watch.signal_name, None if saved is None else saved.name)
+        if saved is None:
+            raise stop
+        self._stopping = stop
+
+    def _stop_now(self) -> None:
+        stopping, self._stopping = self._stopping, None
+        if stopping is not None:
+            raise stopping
 
     def _prune(self, keep: set[str]) -> None:
         # files the pointer no longer names: older saves, or an earlier attempt's files that

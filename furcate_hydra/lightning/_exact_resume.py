@@ -25,6 +25,7 @@ import torch
 
 from furcate_hydra.fusion.random_states import capture_rng, restore_rng
 from furcate_hydra.known_warnings import ignore_lightning_mid_epoch_resume
+from furcate_hydra.lightning import _epoch_results as epoch_results
 from furcate_hydra.lightning._loader_replay import LoaderFollower, Resume, follow
 from furcate_hydra.lightning._namespace import CallbackBase
 
@@ -136,6 +137,10 @@ class ExactResume(CallbackBase):
         if trainer is not None and follower is not None:
             state["epoch"], state["batch"] = _position(trainer)
             state.update(follower.checkpoint_part(state["epoch"], state["batch"]))
+            if state["batch"]:  # what the epoch logged so far, for its epoch values
+                state["epoch_results"], left = epoch_results.capture(trainer)
+                if left:
+                    state["epoch_results_left"] = left
         return state
 
     def epoch_end_state(self, streams: dict[str, Any], epochs_done: int) -> dict[str, Any]:
@@ -155,6 +160,16 @@ class ExactResume(CallbackBase):
         at_epoch_start = not pending.get("batch")
         if follower is not None and follower.resumed and at_epoch_start:
             return  # the epoch's iterator started from these states, which have run on since
+        if follower is not None and "epoch_results" in pending:
+            epoch_results.restore(trainer, pending["epoch_results"])
+            if pending.get("epoch_results_left"):
+                warnings.warn(
+                    "furcate: resumed mid-epoch, the epoch values of "
+                    f"{', '.join(pending['epoch_results_left'])} (torchmetrics objects, whose "
+                    "state a checkpoint does not hold) cover the batches after the resume only",
+                    ResumeNotExactWarning,
+                    stacklevel=2,
+                )
         if follower is not None:
             follower.put_back(pending)
         else:
