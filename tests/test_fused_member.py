@@ -12,11 +12,18 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 
-from furcate_hydra.fusion.coordinator import Offer, Trained, lead
+from furcate_hydra.fusion.coordinator import Alone, Offer, Trained, lead
 from furcate_hydra.fusion.fit_call import read_fit_call
 from furcate_hydra.fusion.rendezvous import Joined, Leading
 from furcate_hydra.lightning._fused_member import finish_trained
-from tests.test_fusion_engine import QUIET, _assert_same_weights, _loaders, _member, _state_equal
+from tests.test_fusion_engine import (
+    QUIET,
+    TinyMLP,
+    _assert_same_weights,
+    _loaders,
+    _member,
+    _state_equal,
+)
 
 CONFIGS = [(3e-2, 0.0), (1e-2, 0.0), (3e-3, 0.0), (1e-1, 0.5)]
 
@@ -80,3 +87,33 @@ def test_a_member_whose_optimizer_differs_runs_alone_and_its_group_trains() -> N
         alone.reason
         == "its optimizer differs (SGD(nesterov=True), not Adam(decoupled_weight_decay=False))"
     )
+
+
+class FailsInItsThirdStep(TinyMLP):
+    """A step that passes the probe and fails later, as a step can on data it had not seen."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == 2:
+            raise RuntimeError("a step that failed in training")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_group_whose_training_fails_sends_every_member_to_run_alone() -> None:
+    train, val = _loaders()
+    modules = []
+    for i in range(2):
+        torch.manual_seed(100 + i)
+        modules.append(FailsInItsThirdStep(1e-2 * (i + 1), 0.0))
+    before = {k: v.clone() for k, v in modules[0].state_dict().items()}
+    offers = [
+        Offer(read_fit_call(L.Trainer(**QUIET, max_epochs=2), m, train, val), [], L.__version__)
+        for m in modules
+    ]
+    ends = lead(Leading([Joined(f"job{i}", o, None) for i, o in enumerate(offers)]), fuse_max=8)
+    for end in ends.values():
+        assert isinstance(end, Alone)
+        assert end.reason == (
+            "its group's training failed (RuntimeError: a step that failed in training)"
+        )
+    # the leader's own model is as at its fit, for its own fit to start from
+    assert all(torch.equal(before[k], v) for k, v in modules[0].state_dict().items())

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -178,21 +179,8 @@ def test_what_cannot_share_a_group_splits_or_runs_alone_and_says_why(
 def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never_stopped(
     tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
 ) -> None:
-    grid = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "epochs=4", "sample_sleep=0.04"]
-    # the four train at once: with the width learned, a busy machine can answer 2, and then
-    # the first two would end before the last two reached their second epoch
-    fused = ["hydra.launcher.fuse=auto", "hydra.launcher.fuse_max=4"]
     work = tmp_path
-    command = [
-        sys.executable, str(APP), "-m", FURCATE, "hydra.launcher.max_workers=1", *fused,
-        f"hydra.sweep.dir={work / 'first'}", *grid,
-    ]  # fmt: skip
-    first = subprocess.Popen(
-        command, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-    wait_for(lambda: all(epochs_kept(work / "first" / str(j)) >= 2 for j in range(4)), first,
-             "two epochs of every member kept")  # fmt: skip
+    first = group_mid_training(work)
     for j in range(4):  # what the live view and `furcate status` show while the group trains
         shown = read_progress(work / "first" / str(j) / JobPaths.PROGRESS)
         assert shown is not None and shown.epoch >= 1 and "val_loss" in shown.metrics
@@ -202,9 +190,9 @@ def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never
     assert still_alive(jobs, timeout=30) == []
     assert all(epochs_kept(work / "first" / str(j)) < 4 for j in range(4))  # mid-training
 
-    _, said = sweep(work, "second", *fused, *grid)
+    _, said = sweep(work, "second", *GROUP_OF_FOUR, *GROUP_GRID)
     assert "4 finished" in said
-    alone_store = sweep_alone(work, empty_mlflow_db, *grid[:-1])
+    alone_store = sweep_alone(work, empty_mlflow_db, *GROUP_GRID[:-1])
     resumed, alone = by_overrides(mlflow_store), by_overrides(alone_store)
     assert len(resumed) == 4
     for config, run in resumed.items():
@@ -220,6 +208,29 @@ def test_kill_9_mid_training_then_the_same_command_ends_every_member_as_if_never
         assert [s for s, _ in got] == [s for s, _ in want]
         history = json.loads((job_dir / JobPaths.HISTORY).read_text())
         assert [row["epoch"] for row in history] == [0, 1, 2, 3]
+
+
+# four configs of a slowed app, trained as one group of four: with the width learned, a busy
+# machine can answer 2, and then the first two would end before the last two reached their
+# second epoch
+GROUP_GRID = ["lr=0.01,0.05", "weight_decay=0.0,0.1", "epochs=4", "sample_sleep=0.04"]
+GROUP_OF_FOUR = ["hydra.launcher.fuse=auto", "hydra.launcher.fuse_max=4"]
+
+
+def group_mid_training(work: Path) -> subprocess.Popen[bytes]:
+    """GROUP_GRID's sweep into ``work/first``, started and let run until every member kept
+    two epochs: its launcher."""
+    command = [
+        sys.executable, str(APP), "-m", FURCATE, "hydra.launcher.max_workers=1",
+        *GROUP_OF_FOUR, f"hydra.sweep.dir={work / 'first'}", *GROUP_GRID,
+    ]  # fmt: skip
+    launcher = subprocess.Popen(
+        command, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for(lambda: all(epochs_kept(work / "first" / str(j)) >= 2 for j in range(4)), launcher,
+             "two epochs of every member kept")  # fmt: skip
+    return launcher
 
 
 def epochs_kept(job_dir: Path) -> int:
@@ -307,3 +318,37 @@ def test_a_preempted_group_is_queued_again_and_every_member_resumes_from_its_las
         assert_same_weights(job_dir, alone_dir, config)
         history = json.loads((job_dir / JobPaths.HISTORY).read_text())
         assert [row["epoch"] for row in history] == [0, 1, 2, 3]
+
+
+def test_a_leader_killed_mid_training_leaves_its_followers_to_go_on_from_their_kept_epochs(
+    tmp_path: Path, mlflow_store: str, empty_mlflow_db: Path
+) -> None:
+    work = tmp_path
+    launcher = group_mid_training(work)
+    leader = group_leader(launcher.pid)
+    os.kill(leader, signal.SIGKILL)  # the leader alone: its followers must go on
+    assert launcher.wait(timeout=300) is not None
+
+    alone_store = sweep_alone(work, empty_mlflow_db, *GROUP_GRID[:-1])
+    runs, alone = by_overrides(mlflow_store), by_overrides(alone_store)
+    followers = {c: r for c, r in runs.items() if r.info.status == "FINISHED"}
+    assert len(followers) == 3, {c: r.info.status for c, r in runs.items()}
+    for config, run in followers.items():
+        job_dir = Path(run.data.tags[Tags.OUTPUT_DIR])
+        assert "furcate: not fused: its group did not form" in job_log(job_dir), config
+        assert_same_weights(job_dir, Path(alone[config].data.tags[Tags.OUTPUT_DIR]), config)
+        # its group's epochs and its own after them, each logged once
+        got = histories(mlflow_store, run.info.run_id)["val_loss"]
+        want = histories(alone_store, alone[config].info.run_id)["val_loss"]
+        assert [s for s, _ in got] == [s for s, _ in want]
+
+
+def group_leader(launcher: int) -> int:
+    """The pid of the fused group's leader among the launcher's jobs (its mark is in the
+    group's dir, which the launcher makes in the temp dir)."""
+    jobs = {child.pid for child in psutil.Process(launcher).children(recursive=True)}
+    for mark in Path(tempfile.gettempdir()).glob("furcate-fused-*/group-*/leader"):
+        text = mark.read_text() if mark.is_file() else ""
+        if text and int(text) in jobs:
+            return int(text)
+    raise AssertionError("no fused group's leader among the launcher's jobs")

@@ -10,6 +10,8 @@ launcher, so the class is importable wherever it arrives.
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,7 +21,7 @@ import torch
 
 from furcate_hydra.fusion.data_streams import DataStreams
 from furcate_hydra.fusion.fit_call import FitCall
-from furcate_hydra.fusion.fused_fit import MemberTraining, fused_fit, to_device
+from furcate_hydra.fusion.fused_fit import FusedFitStopped, MemberTraining, fused_fit, to_device
 from furcate_hydra.fusion.group_width import Width, learned_width
 from furcate_hydra.fusion.grouping import Candidate, even_cut, form_groups
 from furcate_hydra.fusion.member_checkpoint import lightning_checkpoint
@@ -29,6 +31,8 @@ from furcate_hydra.fusion.member_stopping import MemberStopping, Pruning
 from furcate_hydra.fusion.rendezvous import Leading, RendezvousError
 from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.fusion.signature import FusionSignature
+
+log = logging.getLogger(__name__)
 
 # How often a group's members keep an epoch's end (checkpoint, metrics, history): a kill
 # loses at most this much of the group's training beyond an epoch.
@@ -159,6 +163,8 @@ def lead(
                 return answer
         return None
 
+    own = offers[leading.members[0].key].call.member
+    own_weights = None if own is None else copy.deepcopy(own.module.state_dict())
     for group in grouping.groups:
         data = loaders(group)
         if data is None:
@@ -177,7 +183,22 @@ def lead(
         for number, part in enumerate(parts):
             if number:
                 streams.put_back()  # every part sees the batches the first saw
-            trained = _train(part, offers, data, device, tell, keep_every_s, stop_asked, mode)
+            try:
+                trained = _train(part, offers, data, device, tell, keep_every_s, stop_asked, mode)
+            except FusedFitStopped:
+                raise
+            except Exception as exc:  # each member still trains, as its own run would
+                log.warning("furcate: fused: a group's training failed, its members run alone: "
+                            "%s: %s", type(exc).__name__, exc, exc_info=True)  # fmt: skip
+                failed = Alone(f"its group's training failed ({type(exc).__name__}: {exc})")
+                if own_weights is not None and leading.members[0].key in part:
+                    # the leader's own module got the group's epochs' ends: its own fit starts
+                    # from its weights at fit (or from its last kept epoch)
+                    _member(offers[leading.members[0].key]).module.load_state_dict(own_weights)
+                for key in part:
+                    ends[key] = failed
+                    leading.send(key, failed)
+                continue
             for key, end in trained.items():
                 ends[key] = replace(end, in_process=len(group))
                 leading.send(key, ends[key])
