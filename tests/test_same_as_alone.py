@@ -9,6 +9,8 @@ through the real CLI four times:
     auto          hydra/launcher=furcate hydra.launcher.fuse=auto
     interrupted   fuse=auto, its whole process group killed (SIGKILL) once jobs are
                   mid-training, then the same command again: it resumes them
+    preempted     fuse=off, its whole process group sent SIGTERM (a scheduler's preemption:
+                  each job checkpoints where it is and stops) mid-training, then again
 
 and each config (matched by its ``.hydra/overrides.yaml``) must end with the reference's
 weights (``weights.pt``), CSVLogger rows (every column, every row of ``metrics.csv``), return
@@ -45,7 +47,7 @@ from furcate_hydra.layout import JobPaths
 from tests.conftest import APPS, run_cli
 from tests.process_helpers import killed_if_left, still_alive, wait_for
 
-# four sweeps of 44 Lightning jobs: ~140 s on two cores, run once, in one worker, for all the
+# five sweeps of 44 Lightning jobs: ~200 s on two cores, run once, in one worker, for all the
 # module's tests; the first test sets up two sweeps (the reference and fuse=off)
 pytestmark = [
     pytest.mark.slow,
@@ -91,7 +93,7 @@ FURCATE = (
     "hydra.launcher.cpus_per_job=1",
 )
 ONE_THREAD = dict.fromkeys(("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), "1")
-RUNS = ("off", "auto", "interrupted")
+RUNS = ("off", "auto", "interrupted", "preempted")
 # rows whose model a vmapped step cannot train as its own run would (random numbers drawn in
 # training, running statistics, optimizers stepped by hand, a module that cannot be copied):
 # under fuse=auto each of their configs runs alone and says why
@@ -252,13 +254,27 @@ def auto(work: Path, empty_mlflow_db: Path) -> Sweep:
 
 @pytest.fixture(scope="module")
 def interrupted(work: Path, empty_mlflow_db: Path) -> Sweep:
-    """fuse=auto, slowed by the app's marker file; its process group killed with SIGKILL
-    once configs are mid-training; the marker deleted; the same command again."""
-    sweep_dir, marker = work / "interrupted", work / "slow"
-    env = {**store_env(work, "interrupted", empty_mlflow_db), SLOW_WHILE: str(marker)}
-    command = sweep_command(sweep_dir, *FURCATE, "hydra.launcher.fuse=auto")
+    """fuse=auto, its process group killed with SIGKILL once configs are mid-training."""
+    return stopped_and_resumed(work, empty_mlflow_db, "interrupted", "auto", signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def preempted(work: Path, empty_mlflow_db: Path) -> Sweep:
+    """fuse=off, its process group sent SIGTERM once configs are mid-training, as a
+    scheduler preempts a job (each config checkpoints where it is and stops)."""
+    return stopped_and_resumed(work, empty_mlflow_db, "preempted", "off", signal.SIGTERM)
+
+
+def stopped_and_resumed(
+    work: Path, empty_mlflow_db: Path, name: str, fuse: str, signum: int
+) -> Sweep:
+    """A sweep slowed by the app's marker file; its process group sent ``signum`` once
+    configs are mid-training; the marker deleted; the same command again."""
+    sweep_dir, marker = work / name, work / f"slow-{name}"
+    env = {**store_env(work, name, empty_mlflow_db), SLOW_WHILE: str(marker)}
+    command = sweep_command(sweep_dir, *FURCATE, f"hydra.launcher.fuse={fuse}")
     marker.touch()
-    printed = (work / "interrupted-first.log").open("wb")
+    printed = (work / f"{name}-first.log").open("wb")
     first = subprocess.Popen(
         command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=printed,
         stderr=subprocess.STDOUT, start_new_session=True,
@@ -266,13 +282,13 @@ def interrupted(work: Path, empty_mlflow_db: Path) -> Sweep:
     with printed, killed_if_left(first):
         wait_for(MidTraining(sweep_dir), first, "configs mid-training", timeout=300)
         processes = [child.pid for child in psutil.Process(first.pid).children(recursive=True)]
-        os.killpg(first.pid, signal.SIGKILL)  # the launcher, its fork server and its jobs
-        first.wait(timeout=60)
-    assert still_alive(processes, timeout=30) == []
+        os.killpg(first.pid, signum)  # the launcher, its fork server and its jobs
+        first.wait(timeout=120)
+    assert still_alive(processes, timeout=60) == []
     at_kill = {config_of(job): attempt_in(job) for job in job_dirs(sweep_dir)}
     marker.unlink()
     done = run_cli(APP, *command[2:], cwd=work, env=env, timeout=900)
-    return Sweep.read("interrupted", sweep_dir, done, at_kill)
+    return Sweep.read(name, sweep_dir, done, at_kill)
 
 
 class MidTraining:
@@ -589,18 +605,20 @@ def test_fuse_auto_fused_the_plain_rows(auto: Sweep) -> None:
             assert FUSED_LINE in said, (row, variant, said[-3000:])
 
 
-def test_the_rerun_resumed_every_config_the_kill_stopped_mid_training(
-    interrupted: Sweep,
+@pytest.mark.parametrize("run", ["interrupted", "preempted"])
+def test_the_rerun_resumed_every_config_the_stop_caught_mid_training(
+    request: pytest.FixtureRequest, run: str
 ) -> None:
-    at_kill = interrupted.at_kill
+    sweep = sweep_of(request, run)
+    at_kill = sweep.at_kill
     stopped = [config for config, attempt in at_kill.items() if attempt.mid_training]
-    assert stopped, "no config was mid-training when the sweep was killed"
+    assert stopped, "no config was mid-training when the sweep was stopped"
     for config in stopped:
-        said = interrupted.rerun_log(config)
+        said = sweep.rerun_log(config)
         assert "resume from" in said, (config, said[-3000:])
-    # a config recorded finished before the kill is skipped: its job prints nothing more
+    # a config recorded finished before the stop is skipped: its job prints nothing more
     for config in [config for config, attempt in at_kill.items() if attempt.finished]:
-        assert interrupted.rerun_log(config) == "", config
+        assert sweep.rerun_log(config) == "", config
 
 
 def test_each_rows_two_configs_train_differently(reference: Sweep) -> None:
