@@ -269,3 +269,22 @@ def test_callbacks_whose_work_a_group_does_not_do_keep_a_member_alone(
     train, val = _loaders()
     call = read_fit_call(trainer, _built(TinyMLP, 0, lr=0.1, weight_decay=0.0), train, val)
     assert call.reasons == [reason]
+
+
+def test_a_stop_asked_before_min_epochs_waits_for_them_as_lightning_does() -> None:
+    """Early stopping asks member 0 to stop after its first epoch; with ``min_epochs=3``
+    Lightning trains it on to the end of its third, and so does its group."""
+    train, val = _loaders()
+    configs = [{"lr": lr, "weight_decay": wd} for lr, wd in CONFIGS[:2]]
+    fused = [_built(TinyMLP, i, **kw) for i, kw in enumerate(configs)]
+    trainer_kwargs: dict[str, Any] = {"max_epochs": 5, "min_epochs": 3}
+    calls = [read_fit_call(L.Trainer(**QUIET, **trainer_kwargs), m, train, val) for m in fused]
+    shape = calls[0].shape
+    assert shape is not None and shape.min_epochs == 3
+    members = [call.member for call in calls if call.member is not None]
+    outcome = fused_fit(members, shape, train, val, Recorder(2, stop_after_epoch={0: 0}))
+    assert outcome.epochs == [3, 5]
+    for i, epochs in ((0, 3), (1, 5)):
+        alone = _built(TinyMLP, i, **configs[i])
+        L.Trainer(**QUIET, max_epochs=epochs).fit(alone, *_loaders())
+        _assert_same_weights(fused[i], alone)
