@@ -203,3 +203,39 @@ def test_a_group_formed_across_processes_hands_each_member_its_own_run(
         alone, _ = _alone(index, lr, wd, {"max_epochs": 3})
         for name, value in alone.state_dict().items():
             assert torch.equal(torch.tensor(weights[name]), value), name
+
+
+def after_the_leader(directory: Path, target: Any, *args: Any) -> None:
+    """``target(*args)`` once the group has a leader: this process follows."""
+    while not (directory / "leader").exists():
+        time.sleep(0.01)
+    target(*args)
+
+
+def follower_that_dies(directory: Path, key: str) -> None:
+    join(directory, key, 3, {"key": key}, timeout_s=30)
+    os._exit(0)  # joined, then gone: killed while its group trains
+
+
+def test_a_follower_gone_while_its_group_trains_leaves_the_others_their_ends(
+    tmp_path: Path,
+) -> None:
+    results = FORK.Queue()
+    gone = FORK.Process(
+        target=after_the_leader, args=(tmp_path, follower_that_dies, tmp_path, "job1")
+    )
+    other = FORK.Process(
+        target=after_the_leader, args=(tmp_path, member, tmp_path, "job2", 3, results)
+    )
+    gone.start()
+    other.start()
+    leading = join(tmp_path, "job0", 3, {"key": "job0"}, timeout_s=30)
+    assert isinstance(leading, Leading)
+    gone.join(timeout=30)
+    leading.send("job1", "your end")  # its line is closed: nothing is raised
+    with pytest.raises(RendezvousError, match="job1 ended before it answered"):
+        leading.ask("job1", "send your loaders")
+    leading.send("job2", "your end")
+    leading.close()
+    other.join(timeout=30)
+    assert results.get(timeout=10) == ("follower", "job2", "your end")
