@@ -616,9 +616,12 @@ def test_the_rerun_resumed_every_config_the_stop_caught_mid_training(
     for config in stopped:
         said = sweep.rerun_log(config)
         assert "resume from" in said, (config, said[-3000:])
-    # a config recorded finished before the stop is skipped: its job prints nothing more
+    # a config recorded finished before the stop is skipped: its job prints nothing more;
+    # one stopped between its run_data.json and its run's end in the store (the launcher
+    # writes them in that order) is resumed at its end, and trains nothing
     for config in [config for config, attempt in at_kill.items() if attempt.finished]:
-        assert sweep.rerun_log(config) == "", config
+        said = sweep.rerun_log(config)
+        assert said == "" or ("batch 0)" in said and "resume from" in said), (config, said)
 
 
 def test_each_rows_two_configs_train_differently(reference: Sweep) -> None:
