@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 
 from tests.conftest import APPS, furcate_status, run_cli
 from tests.process_helpers import killed_if_left, start_sweep, still_alive, wait_for
@@ -188,7 +189,7 @@ def test_ctrl_c_leaves_no_rank_behind(tmp_path: Path) -> None:
 def test_a_preemption_signal_to_a_ddp_job_queues_it_again_and_every_rank_resumes(
     tmp_path: Path, mlflow_store: str, trainer: str, signum: str
 ) -> None:
-    options = [f"trainer={trainer}", "epoch_sleep=3"]
+    options = [f"trainer={trainer}", "epoch_sleep=3", "shuffle=true"]
     job_dir = tmp_path / "sweep" / "0"
     checkpoint = job_dir / "resume" / "last.json"
     with killed_if_left(start_sweep("ddp_app.py", tmp_path, *options)) as process:
@@ -206,6 +207,16 @@ def test_a_preemption_signal_to_a_ddp_job_queues_it_again_and_every_rank_resumes
     assert {r["global_step"] for r in first} == {0}
     steps = {r["global_step"] for r in second}
     assert len(steps) == 1 and steps.pop() > 0  # both ranks, from the one checkpoint
+    # each rank's shuffled order replayed where it stopped: the weights of the job never
+    # stopped (its own store: the finished config would be skipped)
+    alone = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'alone.db'}"}
+    done = run_cli(
+        APPS / "ddp_app.py", "-m", *options, f"hydra.sweep.dir={tmp_path / 'alone'}",
+        cwd=tmp_path, env={**os.environ, **alone},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    resumed, never = (torch.load(d / "weights.pt") for d in (job_dir, tmp_path / "alone" / "0"))
+    assert all(torch.equal(resumed[name], never[name]) for name in never)
 
 
 def rank_pids(sweep: Path) -> list[int]:

@@ -24,11 +24,13 @@ def capture(trainer: Any) -> tuple[list[dict[str, Any]], list[str]]:
     results = getattr(trainer.fit_loop.epoch_loop, "_results", None) or {}
     carried, left = [], []
     for key, metric in results.items():
-        if not getattr(metric, "is_tensor", False):
-            left.append(metric.meta.name)
+        sync = metric.meta.sync
+        if not getattr(metric, "is_tensor", False) or sync._group is not None:
+            left.append(metric.meta.name)  # a Metric's own state; a process group object
             continue
         entry: dict[str, Any] = {name: getattr(metric.meta, name) for name in _META}
         entry.update(key=key, reduce_fx=metric.meta.reduce_fx.__name__)
+        entry.update(sync_dist=bool(sync.should), rank_zero_only=bool(sync.rank_zero_only))
         entry["value"] = metric.value.detach().clone()
         if metric.meta.is_mean_reduction:
             entry["cumulated_batch_size"] = metric.cumulated_batch_size.detach().clone()
@@ -51,7 +53,9 @@ def restore(trainer: Any, carried: list[dict[str, Any]]) -> None:
             entry["name"],
             value,
             reduce_fx=entry["reduce_fx"],
+            sync_dist=entry.get("sync_dist", False),
             sync_dist_fn=trainer.strategy.reduce,
+            rank_zero_only=entry.get("rank_zero_only", False),
             **options,
         )
         metric = results[entry["key"]]

@@ -101,11 +101,9 @@ class ExactResume(CallbackBase):
         source.dataloader = _ResumableRequest(self, request)
 
     def _follow(self, loader: Any) -> None:
-        if self._trainer is not None and self._trainer.world_size > 1:
-            # each rank's DistributedSampler is put in afterwards, by Lightning
-            result: LoaderFollower | str = "is split across processes (distributed)"
-        else:
-            result = follow(loader)
+        # each rank's DistributedSampler is put in afterwards, by Lightning, in a loader made
+        # again of this one's class: followed too
+        result = follow(loader)
         if isinstance(result, str):
             self.follower, self.not_exact = None, result
             self._say_not_exact()
@@ -141,7 +139,7 @@ class ExactResume(CallbackBase):
                 state["epoch_results"], left = epoch_results.capture(trainer)
                 if left:
                     state["epoch_results_left"] = left
-        return state
+        return _of_every_rank(state)
 
     def epoch_end_state(self, streams: dict[str, Any], epochs_done: int) -> dict[str, Any]:
         """This callback's state in a checkpoint taken at the end of ``epochs_done`` epochs
@@ -149,6 +147,10 @@ class ExactResume(CallbackBase):
         return {"seed": self.seed, **streams, "epoch": epochs_done, "batch": 0}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ranks = state_dict.get("ranks")
+        rank = self._trainer.global_rank if self._trainer is not None else 0
+        if ranks and rank < len(ranks):  # a distributed job's: this rank's own
+            state_dict = ranks[rank]
         self.seed = int(state_dict.get("seed", self.seed))
         self._pending = dict(state_dict)
 
@@ -174,6 +176,19 @@ class ExactResume(CallbackBase):
             follower.put_back(pending)
         else:
             restore_rng(pending["rng"])
+
+
+def _of_every_rank(state: dict[str, Any]) -> dict[str, Any]:
+    """``state``, and in a distributed job each rank's under ``ranks``: Lightning writes rank
+    0's checkpoint only, and each rank's data and random states are its own. Every rank saves
+    (Lightning builds the checkpoint on each), so every rank takes part in the gathering."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return state
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, state)
+    return {**state, "ranks": gathered}
 
 
 def _resume_of(pending: dict[str, Any]) -> Resume:

@@ -38,7 +38,6 @@ from furcate_hydra.fusion.random_states import (
 
 __all__ = ["LoaderFollower", "ReplayNotExactWarning", "Resume", "follow"]
 
-_FOLLOWER = "_furcate_follower"
 _KEPT_BEFORE = 4  # states kept of the latest batches loaded (Lightning fetches one ahead)
 
 
@@ -94,8 +93,12 @@ class LoaderFollower:
             part["before"] = before
         return part
 
-    def iterate(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        """The epoch's iterator, made by ``make`` (the loader's own ``__iter__``)."""
+    def iterate(self, loader: Any, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """The epoch's iterator of ``loader`` (the app's, or the one Lightning made of it for
+        its rank), made by ``make`` (the loader's own ``__iter__``)."""
+        if loader is not self.loader:
+            self.loader, self.generators = loader, loader_generators(loader)
+            self.in_workers = loader.num_workers > 0
         resume, self._resume = self._resume, None
         if resume is not None:
             # at a resume Lightning makes the iterator before it sets the samplers' epoch
@@ -168,52 +171,43 @@ class _FollowedIterator:
 
 
 def follow(loader: Any) -> LoaderFollower | str:
-    """``loader`` followed from now on (its follower), or why it cannot be, in words."""
+    """``loader`` followed from now on (its follower), or why it cannot be, in words. A
+    loader Lightning makes again from it (each rank's, with its distributed sampler) is of
+    its class, and followed by the same follower."""
     if not isinstance(loader, DataLoader):
         return f"it is a {type(loader).__name__}, not a torch DataLoader"
     if loader.num_workers > 0 and loader.persistent_workers:
         return "its workers persist across epochs (persistent_workers=True), with their streams"
-    follower = loader.__dict__.get(_FOLLOWER)
-    if isinstance(follower, LoaderFollower):
-        return follower
+    existing = getattr(type(loader), "_furcate_follower", None)
+    if isinstance(existing, LoaderFollower):
+        return existing
     follower = LoaderFollower(loader)
-    loader.__dict__[_FOLLOWER] = follower  # beside DataLoader's guard on its own attributes
-    loader.__class__ = _followed_class(type(loader))
+    loader.__class__ = _followed_class(type(loader), follower)
     return follower
 
 
-_FOLLOWED: dict[type, type] = {}
+def _followed_class(base: Any, follower: LoaderFollower) -> type:
+    """``base`` with its ``__iter__`` followed by ``follower``: one class per fit."""
 
+    def __iter__(self: Any) -> Iterator[Any]:
+        make: Callable[[], Iterator[Any]] = super(followed, self).__iter__  # type: ignore[arg-type]
+        return follower.iterate(self, make)
 
-def _followed_class(base: type) -> type:
-    """``base`` with a followed ``__iter__``, one class per loader class."""
-    if getattr(base, "_furcate_base", None) is not None:
-        return base
-    followed = _FOLLOWED.get(base)
-    if followed is None:
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        # pickled as the app's own class: the follower belongs to this process's fit
+        return _rebuilt, (base, dict(self.__dict__))
 
-        def __iter__(self: Any) -> Iterator[Any]:
-            make: Callable[[], Iterator[Any]] = super(followed, self).__iter__  # type: ignore[arg-type]
-            follower = self.__dict__.get(_FOLLOWER)
-            return make() if follower is None else follower.iterate(make)
-
-        def __reduce_ex__(self: Any, protocol: Any) -> Any:
-            # pickled as the app's own class: the follower belongs to this process's fit
-            state = {k: v for k, v in self.__dict__.items() if k != _FOLLOWER}
-            return _rebuilt, (base, state)
-
-        followed = type(
-            base.__name__,
-            (base,),
-            {
-                "__iter__": __iter__,
-                "__reduce_ex__": __reduce_ex__,
-                "__module__": base.__module__,
-                "__qualname__": base.__qualname__,
-                "_furcate_base": base,
-            },
-        )
-        _FOLLOWED[base] = followed
+    followed = type(
+        base.__name__,
+        (base,),
+        {
+            "__iter__": __iter__,
+            "__reduce_ex__": __reduce_ex__,
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "_furcate_follower": follower,
+        },
+    )
     return followed
 
 

@@ -69,11 +69,11 @@ class Regression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
-def loader(seed: int) -> DataLoader[Any]:
+def loader(seed: int, shuffle: bool = False) -> DataLoader[Any]:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(128, 8, generator=generator)
     y = x.sum(dim=1, keepdim=True)
-    return DataLoader(TensorDataset(x, y), batch_size=16)
+    return DataLoader(TensorDataset(x, y), batch_size=16, shuffle=shuffle)
 
 
 @hydra.main(version_base="1.3", config_path="conf/ddp", config_name="config")
@@ -81,7 +81,10 @@ def main(cfg: DictConfig) -> dict[str, Any] | float:
     L.seed_everything(int(cfg.seed), workers=True)
     trainer: L.Trainer = instantiate(cfg.trainer)
     model = Regression(float(cfg.lr), float(cfg.epoch_sleep), cfg.fail_rank, int(cfg.width))
-    trainer.fit(model, loader(0), loader(1))
+    trainer.fit(model, loader(0, bool(cfg.shuffle)), loader(1))
+    if trainer.is_global_zero:  # the weights it ended on, for a test to compare bitwise
+        out = Path(os.environ.get("FURCATE_OUTPUT_DIR", os.getcwd()))
+        torch.save(model.state_dict(), out / "weights.pt")
     val_loss = float(trainer.callback_metrics["val_loss"])
     if cfg.returns == "val_loss":  # an Optuna objective
         return val_loss
