@@ -3,6 +3,7 @@ leader trained it, the app's code after ``fit`` sees the same Trainer and module
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
 from typing import Any
@@ -117,3 +118,38 @@ def test_a_group_whose_training_fails_sends_every_member_to_run_alone() -> None:
         )
     # the leader's own model is as at its fit, for its own fit to start from
     assert all(torch.equal(before[k], v) for k, v in modules[0].state_dict().items())
+
+
+def train_alone_for_a_while(directory: str, key: str, spans: Any) -> None:
+    """A member told to run alone: its own fit (a sleep) within its turn on the slot."""
+    import time
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from furcate_hydra.lightning._fused_member import GroupEnv, alone_in_group
+
+    group = GroupEnv(Path(directory), 3, key, 8, 30.0)
+    training: Any = SimpleNamespace(checkpoint=SimpleNamespace(last_saved=None))
+    with alone_in_group(group, training) as kept:
+        began = time.monotonic()
+        time.sleep(0.3)
+        spans.put((key, began, time.monotonic(), kept))
+
+
+def test_members_left_alone_train_one_at_a_time_on_their_slot(tmp_path: Any) -> None:
+    """A group's members that run alone take the slot in turn, as jobs do without fusion
+    (a BatchNorm model swept with fuse=auto started every member's training at once)."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    spans = fork.Queue()
+    members = [
+        fork.Process(target=train_alone_for_a_while, args=(str(tmp_path), f"job{i}", spans))
+        for i in range(3)
+    ]
+    for process in members:
+        process.start()
+    for process in members:
+        process.join(timeout=30)
+    ran = sorted(spans.get(timeout=5)[1:3] for _ in members)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(ran)), ran
