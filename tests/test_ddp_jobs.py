@@ -109,6 +109,19 @@ def test_every_rank_composes_the_primary_config_the_app_was_started_with(
     seen = ranks(tmp_path / "sweep" / "0")
     assert sorted(rank["rank"] for rank in seen) == [0, 1]
     assert {rank["width"] for rank in seen} == {width}  # rank 1 composed it too
+    if flags[0] != "-cn":
+        return
+    # the reference: the app run alone with the same flags, no furcate (a single run)
+    (tmp_path / "alone").mkdir()
+    alone = run_cli(
+        APPS / "ddp_app.py", *flags, "trainer=ddp", "trainer.max_epochs=1",
+        "hydra.run.dir=run", cwd=tmp_path / "alone",
+    )  # fmt: skip
+    assert alone.returncode == 0, (alone.stdout + alone.stderr)[-4000:]
+    mine, theirs = (
+        torch.load(d / "weights.pt") for d in (tmp_path / "sweep" / "0", tmp_path / "alone")
+    )
+    assert all(torch.equal(mine[name], theirs[name]) for name in theirs)
 
 
 def test_a_trainer_asking_more_gpus_than_its_slot_has_fails_naming_gpus_per_job(
