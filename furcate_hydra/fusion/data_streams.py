@@ -31,7 +31,7 @@ class DataStreams:
 
     @classmethod
     def taken(cls, loaders: Iterable[Any]) -> DataStreams:
-        generators = list({id(g): g for ld in loaders for g in loader_generators(ld)}.values())
+        generators = loader_generators(*loaders)
         return cls(generators, capture_streams(generators))
 
     def put_back(self) -> None:

@@ -91,7 +91,7 @@ def read_fit_call(
     call.reasons += reasons
     if call.reasons:
         return call
-    generators = loader_generators(train) + loader_generators(val)
+    generators = loader_generators(train, val)
     call.streams = capture_streams(generators)
     with StreamsKept(generators):  # samples read as the member's own run never reads them
         probe = probe_steps(model, sample_batch(train), sample_batch(val))

@@ -38,9 +38,7 @@ class MemberStreams:
         loaders: Sequence[Any],
         drawn: Sequence[str] = (),
     ) -> None:
-        self.generators: list[torch.Generator] = []
-        for loader in loaders:
-            self.generators += [g for g in loader_generators(loader) if g not in self.generators]
+        self.generators = loader_generators(*loaders)
         self.drawn = ("torch", *drawn)
         self.start = list(states)
         first = states[0] if states else None

@@ -22,6 +22,7 @@ __all__ = [
     "capture_rng",
     "capture_streams",
     "loader_generators",
+    "moved_streams",
     "numpy_state",
     "restore_rng",
     "restore_streams",
@@ -70,16 +71,37 @@ def numpy_state() -> tuple[Any, ...]:
     )
 
 
-def loader_generators(loader: Any) -> list[torch.Generator]:
-    """The generators a loader's epochs may draw from, each once: its own, its sampler's, its
-    batch sampler's sampler's."""
-    if loader is None:
-        return []
-    holders = [loader, getattr(loader, "sampler", None)]
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    holders += [batch_sampler, getattr(batch_sampler, "sampler", None)]
-    found = [getattr(holder, "generator", None) for holder in holders if holder is not None]
+def loader_generators(*loaders: Any) -> list[torch.Generator]:
+    """The generators the loaders' epochs may draw from, each once, in the loaders' order:
+    a loader's own, its sampler's, its batch sampler's sampler's (None: no loader). One order
+    for every list of them, so that the states ``capture_streams`` took fit back."""
+    found = []
+    for loader in loaders:
+        if loader is None:
+            continue
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        holders = [loader, getattr(loader, "sampler", None), batch_sampler]
+        holders.append(getattr(batch_sampler, "sampler", None))
+        found += [getattr(holder, "generator", None) for holder in holders if holder is not None]
     return list({id(g): g for g in found if isinstance(g, torch.Generator)}.values())
+
+
+def moved_streams(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, ...]:
+    """Which global streams moved between two ``capture_rng`` readings (of those both hold)."""
+    moved = []
+    for kind in ("torch", "numpy", "python"):
+        if kind not in before or kind not in after:
+            continue
+        mine, theirs = before[kind], after[kind]
+        if kind == "torch":
+            same = torch.equal(mine, theirs)
+        elif kind == "numpy":  # (kind, keys, position, has_gauss, cached)
+            same = torch.equal(mine[1], theirs[1]) and mine[2:] == theirs[2:]
+        else:
+            same = mine == theirs
+        if not same:
+            moved.append(kind)
+    return tuple(moved)
 
 
 def capture_streams(generators: list[torch.Generator]) -> dict[str, Any]:

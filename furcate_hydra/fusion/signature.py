@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from furcate_hydra.fusion.member_streams import digest
 from furcate_hydra.fusion.optimizer import optimizer_form
-from furcate_hydra.fusion.random_states import StreamsKept, capture_rng
+from furcate_hydra.fusion.random_states import StreamsKept, capture_rng, moved_streams
 from furcate_hydra.fusion.settings import TrainingShape
 
 
@@ -183,13 +183,7 @@ def _dataset_digest(dataset: Any, samples: int = 3) -> tuple[str, tuple[str, ...
         for index in sorted({0, length // 2, length - 1})[:samples] if length else []:
             _feed(hashed, dataset[index])
         after = capture_rng()
-    drew = tuple(
-        stream
-        for stream in ("torch", "numpy", "python")
-        if digest({"rng": {stream: kept.before["rng"][stream]}}, (stream,))
-        != digest({"rng": {stream: after[stream]}}, (stream,))
-    )
-    return f"{kind}[{length}] {hashed.hexdigest()[:16]}", drew
+    return f"{kind}[{length}] {hashed.hexdigest()[:16]}", moved_streams(kept.before["rng"], after)
 
 
 def _feed(digest: Any, sample: Any) -> None:

@@ -152,8 +152,7 @@ def join_group(
     offer = _offer(trainer, arguments, refusal)
     # whatever the group draws, this process's streams are its own fit's again after: a member
     # left alone trains from them, a trained one takes its end's (``finish_in_group``)
-    generators = loader_generators(offer.call.train_loader)
-    generators += loader_generators(offer.call.val_loader)
+    generators = loader_generators(offer.call.train_loader, offer.call.val_loader)
     try:
         with StreamsKept(generators):
             joined = join(group.directory, group.key, group.size, offer, group.gather_s)
@@ -373,17 +372,12 @@ def fit_in_group(
     rest = {k: v for k, v in arguments.items() if k not in ("self", "model", "ckpt_path")}
     finish_trained(fit, trainer, arguments["model"], end, **rest)
     if end.streams is not None:  # where its own run's random states end
-        restore_streams(end.streams, _own_generators(arguments))
+        own = loader_generators(
+            arguments.get("train_dataloaders"), arguments.get("val_dataloaders")
+        )
+        restore_streams(end.streams, own)
     log_member(trainer, training.history, end.log)
     return end
-
-
-def _own_generators(arguments: dict[str, Any]) -> list[torch.Generator]:
-    """The generators of the loaders this member's fit was given (its own objects)."""
-    found = []
-    for key in ("train_dataloaders", "val_dataloaders"):
-        found += loader_generators(arguments.get(key))
-    return found
 
 
 @contextlib.contextmanager

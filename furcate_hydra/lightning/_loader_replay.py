@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from furcate_hydra.fusion.random_states import (
     capture_streams,
     loader_generators,
+    moved_streams,
     numpy_state,
     restore_streams,
 )
@@ -144,7 +145,8 @@ class LoaderFollower:
         self._before[number] = {"rng": rng, "generators": generators}
         self._before.pop(number - _KEPT_BEFORE, None)
         batch = next(inner)
-        if number == 0 and not self.numpy_drawn and _moved(numpy_before, numpy_state()):
+        first = number == 0 and not self.numpy_drawn
+        if first and moved_streams({"numpy": numpy_before}, {"numpy": numpy_state()}):
             self.numpy_drawn = True
             rng["numpy"] = numpy_before
         return batch
@@ -215,11 +217,6 @@ def _rebuilt(base: Any, state: dict[str, Any]) -> Any:
     loader = base.__new__(base)
     loader.__dict__.update(state)
     return loader
-
-
-def _moved(before: Any, after: Any) -> bool:
-    """Whether numpy's state moved between two ``numpy_state()`` readings."""
-    return bool(before[2] != after[2] or not torch.equal(before[1], after[1]))
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
