@@ -21,13 +21,17 @@ Runs in the job's process, beside the app's Lightning: torch is imported here.
     member_stopping.py each member's own EarlyStopping and Optuna pruning, on its own values
     member_records.py  what each member's loggers and history get, at Lightning's steps
     signature.py       what the members of a group share
+    module_values.py   every value a member's module holds besides its tensors, by path
+    step_reads.py      what a module's steps read of it, recorded while a probe step runs
+    trainer_view.py    what a fused step may read of its Trainer: the epoch, the steps taken
+    random_states.py   the random states a fit draws from, saved and put back
+    member_streams.py  each member's own random states through its group's training
     refusals.py        why a module cannot be fused, read from it: one line per reason
     probe.py           why it cannot, shown by running one step
     lineage.py         whose a class is (Lightning's, torchmetrics'), which hooks it defines
     sample_batch.py    a batch for a probe or a timing, drawn from no random stream
     grouping.py        which members train together, and each one left alone's reason
     group_width.py     how many of a group train at once when fuse_max is unset: measured
-    data_streams.py    the random streams a group's data draws from, put back for each part
     rendezvous.py      the members' processes find each other: one leads, the others follow
     coordinator.py     the leader: groups formed, each trained as one, each member its end
 """

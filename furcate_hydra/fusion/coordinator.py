@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from furcate_hydra.fusion.data_streams import DataStreams
 from furcate_hydra.fusion.fit_call import FitCall
 from furcate_hydra.fusion.fused_fit import FusedFitStopped, MemberTraining, fused_fit, to_device
 from furcate_hydra.fusion.group_width import Width, learned_width
@@ -179,10 +178,9 @@ def lead(
                 parts, mode = even_cut(group, width.width), width.mode
                 if on_width is not None:
                     on_width(group, width)
-        streams = DataStreams.taken(data)
-        for number, part in enumerate(parts):
-            if number:
-                streams.put_back()  # every part sees the batches the first saw
+        # each part trains from its first member's random states (MemberStreams), so every
+        # part sees the batches the first saw
+        for part in parts:
             try:
                 trained = _train(part, offers, data, device, tell, keep_every_s, stop_asked, mode)
             except FusedFitStopped:

@@ -49,7 +49,9 @@ class MemberStreams:
             else state
             for state in states
         ]
-        if first is not None:  # the group trains from its first member's states
+        # the group, or each part of it a learned width trains in turn, trains from its first
+        # member's states: every part sees the batches its members' own runs see
+        if first is not None:
             restore_streams(first, self.generators)
 
     def iterate(self, loader: Any) -> Iterator[Any]:
