@@ -151,7 +151,7 @@ def join_group(
     """
     offer = _offer(trainer, arguments, refusal)
     # whatever the group draws, this process's streams are its own fit's again after: a member
-    # left alone trains from them, a trained one takes its end's (``finish_in_group``)
+    # left alone trains from them, a trained one takes its end's (``fit_in_group``)
     generators = loader_generators(offer.call.train_loader, offer.call.val_loader)
     try:
         with StreamsKept(generators):
@@ -235,25 +235,32 @@ def _offer(trainer: Any, arguments: dict[str, Any], refusal: str | None) -> Offe
 def _cannot_send(offer: Offer) -> str | None:
     """Why ``offer`` cannot travel to its group's leader (a lock, an open file, a lambda held
     by the module or its callbacks), or None."""
-    if not offer.call.fusable:
-        return None
-    try:
-        cloudpickle.dumps(offer, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        return f"its module, optimizer or callbacks cannot be sent to its group ({first_line(exc)})"
-    return None
+    why = _unpicklable(offer) if offer.call.fusable else None
+    return (
+        None
+        if why is None
+        else f"its module, optimizer or callbacks cannot be sent to its group ({why})"
+    )
 
 
 def _loaders_or_none(offer: Offer) -> Any:
     """The loaders the leader asked for, or None where they cannot travel (the leader then
     asks another member)."""
     loaders = (offer.call.train_loader, offer.call.val_loader)
-    try:
-        cloudpickle.dumps(loaders, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        log.info("furcate: fused: this member's loaders cannot be sent (%s)", first_line(exc))
+    why = _unpicklable(loaders)
+    if why is not None:
+        log.info("furcate: fused: this member's loaders cannot be sent (%s)", why)
         return None
     return loaders
+
+
+def _unpicklable(value: Any) -> str | None:
+    """Why ``value`` cannot be pickled as the rendezvous sends it, or None."""
+    try:
+        cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return first_line(exc)
+    return None
 
 
 @contextlib.contextmanager
