@@ -10,8 +10,8 @@ At each size, with a fresh storage object (cold: nothing cached in the process):
   load          ``load_study`` and its first ``get_trials``: what a rerun's sweeper and each
                 pruned job pay once (Optuna caches the trials it read)
   ask/tell      ``study.ask()`` + ``study.tell()``, RandomSampler and TPESampler (median)
-  furcate ask   the furcate_optuna sweeper's ``ask_owned`` (a look for WAITING trials, a
-                placeholder trial, the ask, the owner's attribute) + ``tell``: what it adds
+  furcate ask   the furcate_optuna sweeper's ``ask_owned`` (a look for WAITING trials, the
+                trial created RUNNING with its owner, the sampling) + ``tell``: what it adds
   job open      what ``OptunaPruning`` does once per job: ``load_study`` + ``Trial``
   report/prune  ``trial.report`` + ``trial.should_prune`` (MedianPruner reads every finished
                 trial's value at that step), median over epochs

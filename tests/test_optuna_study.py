@@ -82,21 +82,67 @@ def test_trials_of_a_dead_sweep_fail_and_are_enqueued_once(tmp_path: Path) -> No
 
 def test_an_asked_trial_is_owned_from_its_first_write(tmp_path: Path) -> None:
     study = new_study(tmp_path)
-    real_ask = study.ask
-    seen: list[FrozenTrial] = []
+    storage = study._storage
+    real_create = storage.create_new_trial
+    created: list[FrozenTrial] = []
 
-    def ask_and_look(*args: object, **kwargs: object) -> optuna.Trial:
-        trial = real_ask(*args, **kwargs)  # type: ignore[arg-type]
-        seen.append(study._storage.get_trial(trial._trial_id))  # before the claim
-        return trial
+    def create_and_look(*args: Any, **kwargs: Any) -> int:
+        an_id: int = real_create(*args, **kwargs)
+        created.append(storage.get_trial(an_id))  # its first write, before anything else
+        return an_id
 
-    study.ask = ask_and_look  # type: ignore[method-assign]
+    storage.create_new_trial = create_and_look  # type: ignore[method-assign]
     trials = [ask_owned(study, X, f"sweeper {i}") for i in range(3)]
-    # a sweep killed right after ask leaves a trial that names its sweeper
-    assert [t.state for t in seen] == [TrialState.RUNNING] * 3
-    assert [t.system_attrs[Attrs.SWEEPER] for t in seen] == [f"sweeper {i}" for i in range(3)]
+    # a sweep killed right after its first write leaves a trial that names its sweeper
+    assert [t.state for t in created] == [TrialState.RUNNING] * 3
+    assert [t.system_attrs[Attrs.SWEEPER] for t in created] == [f"sweeper {i}" for i in range(3)]
     assert [t.number for t in trials] == [0, 1, 2]
+    assert all(0 <= t.params["x"] <= 1 for t in trials)  # sampled as ask samples
     assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def test_a_queued_retry_is_run_by_the_first_sweeper_to_claim_it(tmp_path: Path) -> None:
+    # two sweepers of one study (a job array's launchers), each its own connection and cache
+    study = new_study(tmp_path)
+    rival = new_study(tmp_path)  # another sweeper's process: its own connection and cache
+    mine = ask_owned(study, X, "sweeper A")
+    theirs = ask_owned(rival, X, "sweeper B")
+    # a retry queued while both ask: the first to claim it runs it, the other gets a new trial
+    study.enqueue_trial({"x": 0.5})
+    first = ask_owned(rival, X, "sweeper B")
+    second = ask_owned(study, X, "sweeper A")
+    assert first.params == {"x": 0.5} and second.params != {"x": 0.5}
+    for trial in (mine, theirs, first, second):
+        study.tell(trial, 1.0)
+    frozen = study.get_trials()
+    assert [t.state for t in frozen] == [TrialState.COMPLETE] * 4
+    owners = [t.system_attrs[Attrs.SWEEPER] for t in frozen]
+    assert owners == ["sweeper A", "sweeper B", "sweeper B", "sweeper A"]
+
+
+def test_a_queued_trial_a_rival_claimed_first_is_skipped(tmp_path: Path) -> None:
+    # the look at the queue and the claim are two reads: between them another sweeper may
+    # have claimed the queued trial; the claim fails and the ask makes its own
+    study = new_study(tmp_path)
+    study.enqueue_trial({"x": 0.25})
+    rival = new_study(tmp_path)
+    (queued,) = study.get_trials(states=(TrialState.WAITING,))
+    real_look = study.get_trials
+
+    def look_then_rival_claims(*args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        seen = real_look(*args, **kwargs)
+        if kwargs.get("states") == (TrialState.WAITING,) and seen:
+            ask_owned(rival, X, "sweeper B")  # pops the queued trial after our look
+        return seen
+
+    study.get_trials = look_then_rival_claims  # type: ignore[method-assign]
+    trial = ask_owned(study, X, "sweeper A")
+    assert trial.number != queued.number
+    frozen = {t.number: t for t in real_look()}
+    assert frozen[queued.number].system_attrs[Attrs.SWEEPER] == "sweeper B"
+    assert frozen[trial.number].system_attrs[Attrs.SWEEPER] == "sweeper A"
+    assert frozen[trial.number].state is TrialState.RUNNING
+    assert not real_look(states=(TrialState.WAITING,))
 
 
 def test_a_stopped_sweep_fails_every_trial_it_left_running(tmp_path: Path) -> None:

@@ -44,11 +44,23 @@ def test_optuna_grpc_servicer() -> None:
     assert callable(add_servicer) and callable(servicer)
 
 
+def test_optuna_asked_trial_is_sampled_as_ask_samples(study: optuna.Study) -> None:
+    space = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    storage = optuna_private.storage_of(study)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    created = storage.create_new_trial(study_id)
+    trial = optuna_private.asked(study, created, space)
+    assert optuna_private.trial_id(trial) == created
+    assert 0.0 <= trial.params["x"] <= 1.0
+    assert study.trials[trial.number].distributions == space  # stored as ask stores it
+
+
 @pytest.mark.parametrize(
     "read, obj, name",
     [
         (optuna_private.storage_of, object(), "Study._storage"),
         (optuna_private.trial_id, object(), "object._trial_id"),
+        (lambda obj: optuna_private.asked(obj, 0, {}), object(), "Study._thread_local"),
     ],
 )
 def test_a_moved_optuna_name_is_named_with_the_versions(read: Any, obj: object, name: str) -> None:

@@ -38,13 +38,25 @@ def test_launchers_of_an_array_share_one_study(
     storage = postgres.create_database("optuna")
     with mlflow_server(tmp_path / "server", postgres.create_database("mlflow")) as server:
         job = submit_study(slurm, tmp_path, server, storage)
-        runs = {int(r.data.tags[TrialTags.NUMBER]): r for r in job_runs(server.url)}
+        recorded = job_runs(server.url)
 
     study = optuna.load_study(study_name="optuna_pruning", storage=storage)
     trials = study.get_trials(deepcopy=False)
     states = collections.Counter(t.state for t in trials)
     logs = "\n".join(p.read_text()[-3000:] for p in tmp_path.glob("slurm-*.out"))
-    assert set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}, (states, logs)
+    untold = [
+        (r.info.run_id, r.info.status, r.data.tags)
+        for r in recorded
+        if TrialTags.NUMBER not in r.data.tags
+    ]
+    assert not untold, (untold, logs)
+    runs = {int(r.data.tags[TrialTags.NUMBER]): r for r in recorded}
+    unfinished = [
+        (t.number, t.state.name, t.datetime_start, t.system_attrs, t.user_attrs)
+        for t in trials
+        if not t.state.is_finished()
+    ]
+    assert set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}, (states, unfinished, logs)
     # n_trials counts every launcher's trials: not 3 x 8 (launchers that ask at the same
     # moment may each start the last one)
     assert N_TRIALS <= len(trials) <= N_TRIALS + TASKS - 1, (len(trials), logs)

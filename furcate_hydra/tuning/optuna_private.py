@@ -9,20 +9,30 @@ test (``tests/test_private_apis.py``) that fails, naming it, when an Optuna rele
     FrozenTrial._trial_id   ``number`` is only unique within its study
     optuna.storages._grpc  the gRPC proxy's servicer: the public ``run_grpc_proxy_server``
                            blocks for good, cannot be stopped and does not tell its port
+    Study._thread_local,   what ``Study.ask`` does once it has a trial's id, for a trial
+    Trial._suggest           created otherwise (``asked``): the sampler's trial list
+                           refreshed, the fixed distributions sampled
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial
 
 from furcate_hydra.errors import PrivateApiMoved
 
-__all__ = ["OptunaPrivateMoved", "grpc_servicer", "storage_of", "trial_id"]
+__all__ = [
+    "OptunaPrivateMoved",
+    "asked",
+    "grpc_servicer",
+    "storage_of",
+    "trial_id",
+]
 
 # The Optuna releases these names were read from (pyproject pins optuna>=4.0).
 TESTED = "4.x and 5.0"
@@ -56,6 +66,21 @@ def trial_id(trial: Trial | FrozenTrial) -> int:
     if not isinstance(value, int):
         raise OptunaPrivateMoved(f"{type(trial).__name__}._trial_id", "holds no int in")
     return value
+
+
+def asked(study: optuna.Study, an_id: int, distributions: Mapping[str, BaseDistribution]) -> Trial:
+    """The live trial of stored trial ``an_id`` (RUNNING), as ``study.ask(distributions)``
+    returns the trial it popped or created: the sampler sees the study's trials as they are
+    now (``ask`` drops the list it keeps per thread), then samples each distribution."""
+    local = _read(study, "Study", "_thread_local")
+    if not hasattr(local, "cached_all_trials"):
+        raise OptunaPrivateMoved("Study._thread_local.cached_all_trials", "no longer has")
+    local.cached_all_trials = None
+    trial = Trial(study, an_id)
+    suggest = _read(trial, "Trial", "_suggest")
+    for name, distribution in distributions.items():
+        suggest(name, distribution)
+    return trial
 
 
 def grpc_servicer() -> tuple[Callable[[Any, Any], None], Callable[[BaseStorage], Any]]:

@@ -27,7 +27,8 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution
-from optuna.exceptions import ExperimentalWarning
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
@@ -35,7 +36,7 @@ from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
 from furcate_hydra.store.run_record import RunRecord, RunStatus
-from furcate_hydra.tuning.optuna_private import storage_of, trial_id
+from furcate_hydra.tuning.optuna_private import asked, storage_of, trial_id
 from furcate_hydra.tuning.storage import check_sqlite_storage, rdb_storage
 from hydra_plugins.furcate_optuna_sweeper._options import job_storage_url
 
@@ -175,22 +176,37 @@ def sweeper_identity() -> str:
 def ask_owned(
     study: optuna.Study, distributions: Mapping[str, BaseDistribution], owner: str
 ) -> optuna.Trial:
-    """``study.ask``, but the trial is never RUNNING without its sweeper's identity.
+    """``study.ask``, but the trial is never RUNNING without its sweeper's identity, and no
+    trial is left WAITING.
 
     A plain ask makes the trial RUNNING and the identity is written after it: a sweep killed
-    in between leaves a RUNNING trial no rerun can tell is orphaned. So, unless a WAITING
-    trial is queued (a retry, which carries its enqueuer's identity), one that already
-    carries this identity is added first, in one write, and ask pops it; the popped trial is
-    then claimed for this sweeper. (Another sweeper popping the queue between the look and
-    the ask reopens the gap for one trial; it takes a SIGKILL in those milliseconds to
-    matter.)
+    in between leaves a RUNNING trial no rerun can tell is orphaned. So a queued retry (which
+    carries its enqueuer's identity) is claimed as ``ask`` pops one, and otherwise the new
+    trial is created RUNNING with this identity in one write. Nothing else is queued: a
+    queued trial another sweeper of the study may pop (a job array's launchers ask at once)
+    is one that may be left behind, WAITING for good, when the study has all its trials.
     """
-    if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-        placeholder = create_trial(state=TrialState.WAITING, system_attrs={Attrs.SWEEPER: owner})
-        study.add_trial(placeholder)
-    trial = study.ask(fixed_distributions=dict(distributions))
-    trial.storage.set_trial_system_attr(trial_id(trial), Attrs.SWEEPER, owner)
-    return trial
+    storage = storage_of(study)
+    claimed = _claim_waiting(study, storage)
+    if claimed is None:
+        template = create_trial(state=TrialState.RUNNING, system_attrs={Attrs.SWEEPER: owner})
+        study_id = storage.get_study_id_from_name(study.study_name)
+        claimed = storage.create_new_trial(study_id, template_trial=template)
+    else:
+        storage.set_trial_system_attr(claimed, Attrs.SWEEPER, owner)
+    return asked(study, claimed, distributions)
+
+
+def _claim_waiting(study: optuna.Study, storage: BaseStorage) -> int | None:
+    """The id of the first queued trial this call made RUNNING, as ``ask`` pops one (a rival
+    that took it first makes it try the next); None when none is queued."""
+    for waiting in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        try:
+            if storage.set_trial_state_values(trial_id(waiting), state=TrialState.RUNNING):
+                return trial_id(waiting)
+        except UpdateFinishedTrialError:
+            continue
+    return None
 
 
 def owned_running(study: optuna.Study, owner: str) -> list[FrozenTrial]:
