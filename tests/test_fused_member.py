@@ -126,7 +126,8 @@ def train_alone_for_a_while(directory: str, key: str, spans: Any) -> None:
     from pathlib import Path
     from types import SimpleNamespace
 
-    from furcate_hydra.lightning._fused_member import GroupEnv, alone_in_group
+    from furcate_hydra.lightning._fused_group import GroupEnv
+    from furcate_hydra.lightning._fused_member import alone_in_group
 
     group = GroupEnv(Path(directory), 3, key, 8, 30.0)
     training: Any = SimpleNamespace(checkpoint=SimpleNamespace(last_saved=None))

@@ -12,11 +12,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from furcate_hydra.fusion.rendezvous import Leading, RendezvousError, join, left
 
 FORK = multiprocessing.get_context("fork")
+SECRET = b"the group's key, as the launcher hands it down"
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +28,7 @@ def _quiet_lightning() -> None:
 
 def member(directory: Path, key: str, size: int, results: Any) -> None:
     """A member process: join, and report what it learned."""
-    role = join(directory, key, size, {"key": key, "pid": os.getpid()}, timeout_s=30)
+    role = join(directory, key, size, {"key": key, "pid": os.getpid()}, timeout_s=30, secret=SECRET)
     if isinstance(role, Leading):
         keys = [m.key for m in role.members]
         for joined in role.members:
@@ -71,16 +73,16 @@ def test_a_leader_whose_members_never_come_trains_those_that_did_and_late_ones_r
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
-        leading = join(tmp_path, "job0", 3, None, timeout_s=0.3)
+        leading = join(tmp_path, "job0", 3, None, timeout_s=0.3, secret=SECRET)
     assert isinstance(leading, Leading) and [m.key for m in leading.members] == ["job0"]
     assert "2 of 3 members of the fused group did not reach their fit in 0 s" in caplog.text
     leading.close()
     with pytest.raises(RendezvousError, match="had stopped waiting for members"):
-        join(tmp_path, "job1", 3, None, timeout_s=0.3)
+        join(tmp_path, "job1", 3, None, timeout_s=0.3, secret=SECRET)
 
 
 def joins_and_ends(directory: Path) -> None:
-    join(directory, "job1", 3, {"key": "job1"}, timeout_s=30)
+    join(directory, "job1", 3, {"key": "job1"}, timeout_s=30, secret=SECRET)
     os._exit(0)  # its job ended after it joined (it crashed): the launcher marks it left
 
 
@@ -108,7 +110,7 @@ def test_a_member_that_joined_and_then_ended_is_counted_once(tmp_path: Path) -> 
 def test_a_follower_without_a_leader_says_where_it_looked(tmp_path: Path) -> None:
     (tmp_path / "leader").write_text(str(os.getpid()))  # a leader alive that never listened
     with pytest.raises(RendezvousError, match="no leader of the group in"):
-        join(tmp_path, "job1", 2, None, timeout_s=0.3)
+        join(tmp_path, "job1", 2, None, timeout_s=0.3, secret=SECRET)
 
 
 def test_a_follower_does_not_wait_for_a_leader_whose_process_is_gone(tmp_path: Path) -> None:
@@ -118,25 +120,36 @@ def test_a_follower_does_not_wait_for_a_leader_whose_process_is_gone(tmp_path: P
     (tmp_path / "leader").write_text(str(gone.pid))  # it marked the group, then died
     began = time.monotonic()
     with pytest.raises(RendezvousError, match=f"leader \\(pid {gone.pid}\\) is gone"):
-        join(tmp_path, "job1", 2, None, timeout_s=30)
+        join(tmp_path, "job1", 2, None, timeout_s=30, secret=SECRET)
     assert time.monotonic() - began < 5
 
 
 def leader_that_dies(directory: Path) -> None:
-    join(directory, "job0", 2, None, timeout_s=30)
+    join(directory, "job0", 2, None, timeout_s=30, secret=SECRET)
     os._exit(0)  # gone without a word to its member
 
 
+def follows_a_leader_that_dies(directory: Path, results: Any) -> None:
+    follower = join(directory, "job1", 2, None, timeout_s=30, secret=SECRET)
+    try:
+        follower.receive(timeout_s=10)  # type: ignore[union-attr]
+    except RendezvousError as exc:
+        results.put((type(follower).__name__, str(exc)))
+
+
 def test_a_follower_whose_leader_died_says_so(tmp_path: Path) -> None:
+    # both are jobs of the sweep: children of one process, as a fork server's are
+    results = FORK.Queue()
     process = FORK.Process(target=leader_that_dies, args=(tmp_path,))
     process.start()
-    while not (tmp_path / "leader").exists():  # it leads: this process follows
+    while not (tmp_path / "leader").exists():  # it leads: the other follows
         time.sleep(0.01)
-    follower = join(tmp_path, "job1", 2, None, timeout_s=30)
+    follower = FORK.Process(target=follows_a_leader_that_dies, args=(tmp_path, results))
+    follower.start()
+    said = ("Following", "the group's leader is gone (its process ended)")
+    assert results.get(timeout=60) == said
     process.join(timeout=30)
-    assert not isinstance(follower, Leading)
-    with pytest.raises(RendezvousError, match="leader is gone"):
-        follower.receive(timeout_s=10)
+    follower.join(timeout=30)
 
 
 def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
@@ -145,14 +158,15 @@ def fused_member(directory: Path, index: int, size: int, results: Any) -> None:
     import lightning as L
 
     from furcate_hydra.fusion.coordinator import EpochEnd, Trained
-    from furcate_hydra.lightning._fused_member import GroupEnv, join_group
+    from furcate_hydra.lightning._fused_group import GroupEnv
+    from furcate_hydra.lightning._fused_member import join_group
     from tests.test_fusion_engine import CONFIGS, QUIET, WithMetric, _loaders, _member
 
     train, val = _loaders()
     module = WithMetric() if index == len(CONFIGS) else _member(index, *CONFIGS[index])
     trainer = L.Trainer(**QUIET, max_epochs=3)
     epochs: list[EpochEnd] = []  # each epoch's end as it comes, before the member's end
-    group = GroupEnv(directory, size, f"job{index}", fuse_max=8, gather_s=60)
+    group = GroupEnv(directory, size, f"job{index}", fuse_max=8, gather_s=60, secret=SECRET)
     arguments = {"model": module, "train_dataloaders": train, "val_dataloaders": val}
     end = join_group(group, trainer, arguments, None, epochs.append)
     if isinstance(end, Trained):
@@ -213,7 +227,7 @@ def after_the_leader(directory: Path, target: Any, *args: Any) -> None:
 
 
 def follower_that_dies(directory: Path, key: str) -> None:
-    join(directory, key, 3, {"key": key}, timeout_s=30)
+    join(directory, key, 3, {"key": key}, timeout_s=30, secret=SECRET)
     os._exit(0)  # joined, then gone: killed while its group trains
 
 
@@ -229,13 +243,25 @@ def test_a_follower_gone_while_its_group_trains_leaves_the_others_their_ends(
     )
     gone.start()
     other.start()
-    leading = join(tmp_path, "job0", 3, {"key": "job0"}, timeout_s=30)
+    leader = FORK.Process(target=leads_past_a_gone_member, args=(tmp_path, gone, results))
+    leader.start()
+    got = {results.get(timeout=60) for _ in range(2)}
+    asked = ("asked job1", "member job1 ended before it answered")
+    assert got == {("follower", "job2", "your end"), asked}
+    for process in (leader, other, gone):
+        process.join(timeout=30)
+    assert leader.exitcode == 0
+
+
+def leads_past_a_gone_member(directory: Path, gone: Any, results: Any) -> None:
+    leading = join(directory, "job0", 3, {"key": "job0"}, timeout_s=30, secret=SECRET)
     assert isinstance(leading, Leading)
-    gone.join(timeout=30)
+    while psutil.pid_exists(gone.pid) and psutil.Process(gone.pid).status() != "zombie":
+        time.sleep(0.01)  # (its sibling: not this process's child to join)
     leading.send("job1", "your end")  # its line is closed: nothing is raised
-    with pytest.raises(RendezvousError, match="job1 ended before it answered"):
+    try:
         leading.ask("job1", "send your loaders")
+    except RendezvousError as exc:
+        results.put(("asked job1", str(exc)))
     leading.send("job2", "your end")
     leading.close()
-    other.join(timeout=30)
-    assert results.get(timeout=10) == ("follower", "job2", "your end")

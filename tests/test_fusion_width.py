@@ -25,7 +25,7 @@ from furcate_hydra.fusion.group_width import SizeTrial, Width, choose_width, lea
 from furcate_hydra.fusion.rendezvous import Joined, Leading
 from furcate_hydra.fusion.sample_batch import sample_batch
 from furcate_hydra.layout import JobPaths
-from furcate_hydra.lightning._fused_member import GroupEnv
+from furcate_hydra.lightning._fused_group import GroupEnv
 from tests.option_helpers import parse_launcher_options
 from tests.test_fusion_engine import CONFIGS, QUIET, TinyMLP, _loaders, _member
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import signal
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from furcate_hydra import env_vars
+from furcate_hydra import env_vars, job_secrets
 from furcate_hydra.errors import ExecutorBrokenError
 from furcate_hydra.execution.executor import EventKind, Executor, JobEvent
 from furcate_hydra.execution.forkserver.protocol import ChildReport
@@ -384,17 +385,26 @@ def test_jobs_submitted_together_start_in_even_groups_one_per_free_slot(tmp_path
         done = [j.key for j in pool.as_completed()]
         groups = groups_placed(transport, jobs)
         assert groups == [["0", "1", "2"], ["3", "4", "5"]]
+        secrets = []
         for group in groups:
             envs = [jobs[key].env for key in group]
             assert {e[env_vars.FUSE_SIZE] for e in envs} == {"3"}
             assert [e[env_vars.FUSE_KEY] for e in envs] == group
             directory = Path(envs[0][env_vars.FUSE_DIR])
+            # the group's own directory, only this user's, and its own secret, in no variable
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+            assert stat.S_IMODE(directory.parent.stat().st_mode) == 0o700
+            (secret,) = {jobs[key].secrets[job_secrets.FUSED_GROUP] for key in group}
+            assert len(secret) == job_secrets.KEY_BYTES
+            assert not any(secret.hex() in v or str(secret) in v for e in envs for v in e.values())
+            secrets.append(secret)
             # every member's job ended: each is marked left, so no leader would wait for it
             assert sorted(p.name for p in directory.glob(f"{env_vars.FUSE_LEFT}*")) == [
                 f"{env_vars.FUSE_LEFT}{key}" for key in group
             ]
     assert sorted(done, key=int) == list(jobs)
     assert not directory.exists()  # the pool's group dirs went with it
+    assert secrets[0] != secrets[1]
 
 
 def test_a_full_group_starts_while_jobs_are_still_submitted_and_a_lone_job_is_no_group(

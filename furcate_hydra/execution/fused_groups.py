@@ -3,7 +3,8 @@
     plan ──► seated(plan, seats): each slot a seat per member, sharing its device and cores
     queue ──► FusedGroups.take(queue, free seats, more may come?) ──► up to ``width`` jobs,
               on a slot no other group holds
-          ──► enroll: each job's env names the group's dir, its size, the job's key there
+          ──► enroll: each job's env names the group's dir (mode 0700), its size, the job's
+              key there; its memory gets the group's secret (through the fork server)
     a member's job ends ──► ended(job): ``left-<key>`` in the dir (a job that never reached
                             its fit does not keep the group's leader waiting)
 
@@ -23,13 +24,14 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import secrets
 import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from furcate_hydra import env_vars
+from furcate_hydra import env_vars, job_secrets
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.slots import SlotPlan
 
@@ -131,9 +133,12 @@ class FusedGroups:
             self._group_of[job.key] = number
             for name in _GROUP_VARS:
                 job.env.pop(name, None)  # of an earlier attempt's group
+            job.secrets.pop(job_secrets.FUSED_GROUP, None)
         if len(group) < 2:
             return  # alone: its fit is its own
         directory = self._directory(number)
+        # what the members prove to each other before any of them reads what another sent
+        secret = secrets.token_bytes(job_secrets.KEY_BYTES)
         learned = {} if self.min_gain is None else {env_vars.FUSE_MIN_GAIN: repr(self.min_gain)}
         if learned:
             self._reports[directory] = 0
@@ -148,6 +153,7 @@ class FusedGroups:
                     **learned,
                 }
             )
+            job.secrets[job_secrets.FUSED_GROUP] = secret
 
     def ended(self, job: Job) -> None:
         """The job's process ended: if it had not joined its group, it never will."""
@@ -188,8 +194,9 @@ class FusedGroups:
             shutil.rmtree(self._root, ignore_errors=True)
 
     def _directory(self, number: int) -> Path:
+        # mkdtemp makes the root 0700: no other user reaches a group's socket or marks
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="furcate-fused-"))
         directory = self._root / f"group-{number}"
-        directory.mkdir()
+        directory.mkdir(mode=0o700)
         return directory

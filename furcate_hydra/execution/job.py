@@ -50,6 +50,8 @@ class Job:
         paths: Every file of the job.
         payload: What the job's process runs, opaque to the executor.
         env: Variables the launcher sets for the job (its run, its dirs, its trial).
+        secrets: What the job's process is handed in memory, never in its environment (its
+            fused group's key: ``furcate_hydra.job_secrets``).
         config: The job's composed config, opaque outside the Hydra layer.
         task_config: The task's part of ``config`` as plain values (what is fingerprinted).
         fingerprint: The store's key for the job's config (None before it is looked up).
@@ -79,6 +81,7 @@ class Job:
     paths: JobPaths
     payload: bytes = b""
     env: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, bytes] = field(default_factory=dict)
     config: Any = None
     task_config: dict[str, Any] = field(default_factory=dict)
     fingerprint: str | None = None

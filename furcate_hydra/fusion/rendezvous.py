@@ -2,43 +2,55 @@
 on one slot, each at its ``fit``.
 
 The group's directory is the launcher's (one per set of jobs placed together, with how many
-they are); its first member to arrive leads: it creates ``leader`` exclusively, listens on a
-Unix socket named after the directory (in Linux's abstract namespace: a sweep dir's path may
-be longer than a socket path can be) and waits until every member has joined or left. A
-member leaves before joining when its job ends without reaching ``fit`` (the launcher writes
-``left-<key>`` for it), so no leader waits for a job that is gone; one that takes longer than
-the leader waits finds the group ``closed`` and runs alone. Each joining member sends
-what it brings (its payload) and then takes its instructions from the leader over its
-connection.
+they are), of mode 0700: only the sweep's user reaches it. Its first member to arrive leads:
+it creates ``leader`` exclusively, listens on the Unix socket ``rendezvous`` there, and waits
+until every member has joined or left. A member leaves before joining when its job ends
+without reaching ``fit`` (the launcher writes ``left-<key>`` for it), so no leader waits for a
+job that is gone; one that takes longer than the leader waits finds the group ``closed`` and
+runs alone. Each joining member sends what it brings (its payload) and then takes its
+instructions from the leader over its line.
+
+Nothing arrives from a stranger: a connection is read only when the kernel says its process
+is one of the sweep's jobs (``fusion.peers``), and its line only once it proved it holds the
+group's secret, which the launcher hands each member through the fork server, never through
+the environment (``fusion.sealed_line``). A follower checks its leader the same way. A refused
+connection is logged once and changes nothing else.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import logging
 import os
-import pickle
 import socket
+import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import psutil
 
 from furcate_hydra import env_vars
+from furcate_hydra.fusion.peers import peer_pid, peer_refusal
+from furcate_hydra.fusion.sealed_line import (
+    LineRefused,
+    SealedLine,
+    seal_as_leader,
+    seal_as_member,
+)
 
 LEADER = "leader"
 CLOSED = "closed"  # the leader gathered its members: a later one runs alone
+SOCKET = "rendezvous"
 log = logging.getLogger(__name__)
 _POLL_S = 0.05
-
-
-def _address(directory: Path) -> str:
-    digest = hashlib.sha1(str(directory.resolve()).encode()).hexdigest()[:24]
-    return f"\0furcate-fusion-{digest}"
+# How long one side of a new line waits for the other's part of the handshake: a member's
+# answer takes microseconds, so this only bounds how long a connection that never answers
+# (a member killed mid-handshake) holds up the gathering
+_HANDSHAKE_S = 10.0
 
 
 class RendezvousError(RuntimeError):
@@ -51,7 +63,7 @@ class Joined:
 
     key: str
     payload: Any
-    connection: Connection | None
+    connection: SealedLine | None
 
 
 @dataclass
@@ -66,7 +78,7 @@ class Leading:
         for member in self.members:
             if member.key == key and member.connection is not None:
                 try:
-                    _send(member.connection, message)
+                    member.connection.send(message)
                 except OSError:
                     log.info("furcate: fused member %s ended before its end was sent", key)
 
@@ -74,15 +86,17 @@ class Leading:
         """Send member ``key`` a question and wait for its answer.
 
         Raises:
-            RendezvousError: the member's process ended.
+            RendezvousError: the member's process ended, or its answer was not sealed.
         """
         for member in self.members:
             if member.key == key and member.connection is not None:
                 try:
-                    _send(member.connection, message)
-                    return _receive(member.connection)
+                    member.connection.send(message)
+                    return member.connection.receive()
                 except (OSError, EOFError):
                     raise RendezvousError(f"member {key} ended before it answered") from None
+                except LineRefused as exc:
+                    raise RendezvousError(f"member {key}'s answer was refused: {exc}") from None
         raise RendezvousError(f"member {key} has no line to the leader")
 
     def close(self) -> None:
@@ -95,31 +109,20 @@ class Leading:
 class Following:
     """This process follows: its line to the leader."""
 
-    connection: Connection
+    connection: SealedLine
 
     def receive(self, timeout_s: float | None = None) -> Any:
         if timeout_s is not None and not self.connection.poll(timeout_s):
             raise RendezvousError(f"the group's leader said nothing for {timeout_s:.0f} s")
         try:
-            return _receive(self.connection)
+            return self.connection.receive()
         except EOFError:
             raise RendezvousError("the group's leader is gone (its process ended)") from None
+        except LineRefused as exc:
+            raise RendezvousError(f"a message from the group's leader was refused: {exc}") from None
 
     def send(self, message: Any) -> None:
-        _send(self.connection, message)
-
-
-def _send(connection: Connection, message: Any) -> None:
-    # cloudpickle: a class of the app's script (``__main__.TinyMLP``) travels by value, as the
-    # job's process may run the script under another name than the leader's __main__. Not
-    # the connection's pickler: torch's reductions for multiprocessing would share
-    # a tensor's storage by passing a file descriptor, which the sender must stay alive to
-    # hand over; a copy of the bytes needs nothing of it
-    connection.send_bytes(cloudpickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _receive(connection: Connection) -> Any:
-    return pickle.loads(connection.recv_bytes())
+        self.connection.send(message)
 
 
 def left(directory: Path, key: str) -> None:
@@ -129,25 +132,77 @@ def left(directory: Path, key: str) -> None:
 
 
 def join(
-    directory: Path, key: str, size: int, payload: Any, timeout_s: float
+    directory: Path, key: str, size: int, payload: Any, timeout_s: float, secret: bytes
 ) -> Leading | Following:
-    """Join the group of ``size`` members in ``directory``: lead it, or follow its leader."""
+    """Join the group of ``size`` members in ``directory``: lead it, or follow its leader.
+    ``secret``: the group's, as the launcher handed it to each member.
+
+    Raises:
+        RendezvousError: the group cannot form (its directory is open to other users, its
+            leader is gone or not the group's, ...): this member runs alone.
+    """
+    _check_private(directory)
     try:
-        mark = os.open(directory / LEADER, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        mark = os.open(directory / LEADER, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
-        return _follow(directory, key, payload, timeout_s)
+        return _follow(directory, key, payload, timeout_s, secret)
     os.write(mark, str(os.getpid()).encode())
     os.close(mark)
-    return _lead(directory, key, size, payload, timeout_s)
+    return _lead(directory, key, size, payload, timeout_s, secret)
 
 
-def _lead(directory: Path, key: str, size: int, payload: Any, timeout_s: float) -> Leading:
+def _check_private(directory: Path) -> None:
+    """The group's directory is this user's alone: its socket and marks are out of reach of
+    every other user."""
+    try:
+        info = directory.stat()
+    except OSError as exc:
+        raise RendezvousError(f"the group's directory {directory} cannot be read ({exc})") from None
+    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise RendezvousError(
+            f"the group's directory {directory} is open to other users (owner uid "
+            f"{info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}; it must be this user's, 700)"
+        )
+
+
+@contextlib.contextmanager
+def _socket_path(directory: Path, name: str = SOCKET) -> Iterator[str]:
+    """The path of socket ``name`` in ``directory``, short whatever the directory's: through
+    an open handle on it (a Unix socket's path holds at most 107 bytes; a temp dir's may be
+    longer)."""
+    handle = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{handle}/{name}"
+    finally:
+        os.close(handle)
+
+
+class _Refusals:
+    """Connections refused while a group gathers: each peer's logged once."""
+
+    def __init__(self) -> None:
+        self._seen: set[int] = set()
+
+    def refuse(self, pid: int, why: str) -> None:
+        if pid not in self._seen:
+            self._seen.add(pid)
+            log.warning("furcate: fused: a connection to the group's leader was refused: %s", why)
+
+
+def _lead(
+    directory: Path, key: str, size: int, payload: Any, timeout_s: float, secret: bytes
+) -> Leading:
     """Gather the members until all joined or left; after ``timeout_s``, go on with those
     that joined (a late one finds the group closed and runs alone)."""
     members = [Joined(key, payload, None)]
+    refusals = _Refusals()
     deadline = time.monotonic() + timeout_s
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(_address(directory))
+        # bound under another name, and named the group's socket once only its user may use it
+        with _socket_path(directory, f".{SOCKET}-{os.getpid()}") as path:
+            server.bind(path)
+        os.chmod(directory / f".{SOCKET}-{os.getpid()}", 0o600)
+        os.rename(directory / f".{SOCKET}-{os.getpid()}", directory / SOCKET)
         server.listen()
         server.settimeout(_POLL_S)
         while len(members) + _gone(directory, members) < size:
@@ -166,17 +221,36 @@ def _lead(directory: Path, key: str, size: int, payload: Any, timeout_s: float) 
                 accepted, _ = server.accept()
             except TimeoutError:
                 continue
-            accepted.settimeout(None)
-            connection = Connection(accepted.detach())
-            try:
-                their_key, their_payload = _receive(connection)
-            except Exception as exc:  # a member gone mid-send, or what no member sends
-                log.info("furcate: fused: a connection to the group's leader was dropped (%s)", exc)
-                connection.close()
-                continue
-            members.append(Joined(their_key, their_payload, connection))
+            joined = _admit(accepted, secret, refusals)
+            if joined is not None:
+                members.append(joined)
         (directory / CLOSED).touch()  # before the socket closes: no one joins after this
+    (directory / SOCKET).unlink(missing_ok=True)
     return Leading(members)
+
+
+def _admit(accepted: socket.socket, secret: bytes, refusals: _Refusals) -> Joined | None:
+    """The member at the other end of a new connection, or None (refused, or gone)."""
+    pid = peer_pid(accepted)
+    why = peer_refusal(accepted)
+    if why is not None:
+        accepted.close()
+        refusals.refuse(pid, why)
+        return None
+    accepted.settimeout(None)
+    connection = Connection(accepted.detach())
+    try:
+        line = seal_as_leader(connection, secret, _HANDSHAKE_S)
+        their_key, their_payload = line.receive()
+    except LineRefused as exc:
+        connection.close()
+        refusals.refuse(pid, f"pid {pid}: {exc}")
+        return None
+    except Exception as exc:  # a member gone mid-handshake or mid-send
+        connection.close()
+        log.info("furcate: fused: a connection to the group's leader was dropped (%r)", exc)
+        return None
+    return Joined(their_key, their_payload, line)
 
 
 def _leader_pid(directory: Path) -> int | None:
@@ -202,7 +276,7 @@ def _gone(directory: Path, joined: list[Joined]) -> int:
     return sum(1 for path in directory.glob(f"{prefix}*") if path.name[len(prefix) :] not in keys)
 
 
-def _follow(directory: Path, key: str, payload: Any, timeout_s: float) -> Following:
+def _follow(directory: Path, key: str, payload: Any, timeout_s: float, secret: bytes) -> Following:
     deadline = time.monotonic() + timeout_s
     while True:
         if (directory / CLOSED).exists():
@@ -212,7 +286,10 @@ def _follow(directory: Path, key: str, payload: Any, timeout_s: float) -> Follow
             raise RendezvousError(f"the group's leader (pid {leader}) is gone")
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            client.connect(_address(directory))
+            if leader is None:  # its mark is not written yet: nothing to check an answer by
+                raise FileNotFoundError
+            with _socket_path(directory) as path:
+                client.connect(path)
             break
         except (FileNotFoundError, ConnectionRefusedError):
             client.close()
@@ -221,6 +298,18 @@ def _follow(directory: Path, key: str, payload: Any, timeout_s: float) -> Follow
                     f"no leader of the group in {directory} listened in {timeout_s:.0f} s"
                 ) from None
             time.sleep(_POLL_S)
+    why = peer_refusal(client, expected_pid=leader)
+    if why is not None:
+        client.close()
+        raise RendezvousError(f"what listens for the group is not its leader: {why}")
     connection = Connection(client.detach())
-    _send(connection, (key, payload))
-    return Following(connection)
+    try:
+        line = seal_as_member(connection, secret, _HANDSHAKE_S)
+        line.send((key, payload))
+    except LineRefused as exc:
+        connection.close()
+        raise RendezvousError(f"the group's leader was refused: {exc}") from None
+    except (EOFError, OSError) as exc:
+        connection.close()
+        raise RendezvousError(f"the group's leader dropped this member ({exc!r})") from None
+    return Following(line)

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import JobPaths
 from furcate_hydra.lightning._banners import lightning_banners
-from furcate_hydra.lightning._fused_member import GroupEnv, alone_in_group, fit_in_group
+from furcate_hydra.lightning._fused_group import GroupEnv
+from furcate_hydra.lightning._fused_member import alone_in_group, fit_in_group
 from furcate_hydra.lightning._history import scalar_metrics
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import CHECKPOINT_ARTIFACT_DIR, JobTraining

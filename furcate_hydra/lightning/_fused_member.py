@@ -17,28 +17,23 @@ nothing left to train and returns; the Trainer then holds what the app reads aft
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import logging
 import os
 import pickle
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import torch
 
-from furcate_hydra import env_vars
-from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.errors import first_line
 from furcate_hydra.fusion.coordinator import Alone, EpochEnd, Offer, SendLoaders, Trained, lead
 from furcate_hydra.fusion.fit_call import FitCall, read_fit_call
 from furcate_hydra.fusion.fused_fit import FusedFitStopped
-from furcate_hydra.fusion.group_width import Width
 from furcate_hydra.fusion.lineage import LIGHTNING, derives_from
 from furcate_hydra.fusion.member_records import MemberLog
 from furcate_hydra.fusion.member_stopping import early_stopping_callbacks
@@ -49,8 +44,9 @@ from furcate_hydra.fusion.random_states import (
     restore_rng,
     restore_streams,
 )
-from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join
+from furcate_hydra.fusion.rendezvous import Following, RendezvousError, join, left
 from furcate_hydra.lightning._app_checkpoints import save_app_checkpoints
+from furcate_hydra.lightning._fused_group import GroupEnv, slot_turn
 from furcate_hydra.lightning._history import MetricsHistory
 from furcate_hydra.lightning._job_training import JobTraining
 from furcate_hydra.lightning._pruning import OptunaPruning
@@ -91,46 +87,6 @@ def finish_trained(
     save_app_checkpoints(trainer)
 
 
-@dataclass(frozen=True)
-class GroupEnv:
-    """The fused group the launcher started this job in (``hydra.launcher.fuse=auto``)."""
-
-    directory: Path
-    size: int
-    key: str
-    fuse_max: int
-    gather_s: float
-    min_gain: float | None = None  # set: the group's width is learned (fuse_max unset)
-
-    @classmethod
-    def from_environ(cls) -> GroupEnv | None:
-        """None: the job is in no group (fusion off, or it started alone)."""
-        directory = os.environ.get(env_vars.FUSE_DIR)
-        if not directory:
-            return None
-        return cls(
-            Path(directory),
-            int(os.environ[env_vars.FUSE_SIZE]),
-            os.environ[env_vars.FUSE_KEY],
-            int(os.environ[env_vars.FUSE_MAX]),
-            float(os.environ[env_vars.FUSE_TIMEOUT_S]),
-            float(gain) if (gain := os.environ.get(env_vars.FUSE_MIN_GAIN)) else None,
-        )
-
-    def widths_learned(self) -> Callable[[list[str], Width], None]:
-        """What the leader does with each group's learned width: says it in its log, and
-        leaves it for the launcher (``FUSE_WIDTH_REPORT``) to size the groups it starts next."""
-        reports: list[dict[str, Any]] = []
-
-        def learned(members: list[str], width: Width) -> None:
-            log.info("furcate: fused: %s", width.describe(len(members)))
-            reports.append({"members": len(members), "width": width.width, "rising": width.rising})
-            report = json.dumps(reports).encode()
-            atomic_write_bytes(self.directory / env_vars.FUSE_WIDTH_REPORT, report, durable=False)
-
-        return learned
-
-
 def join_group(
     group: GroupEnv,
     trainer: Any,
@@ -155,7 +111,12 @@ def join_group(
     generators = loader_generators(offer.call.train_loader, offer.call.val_loader)
     try:
         with StreamsKept(generators):
-            joined = join(group.directory, group.key, group.size, offer, group.gather_s)
+            if group.secret is None:  # no leader would let it in: none waits for it
+                left(group.directory, group.key)
+                raise RendezvousError("its process was handed no key to its group")
+            joined = join(
+                group.directory, group.key, group.size, offer, group.gather_s, group.secret
+            )
             if isinstance(joined, Following):
                 while isinstance(message := joined.receive(), EpochEnd | SendLoaders):
                     if isinstance(message, SendLoaders):
@@ -166,7 +127,7 @@ def join_group(
                 return message  # type: ignore[no-any-return]
             try:
                 device = trainer.strategy.root_device if offer.call.fusable else None
-                with _slot_turn(group):  # members left alone wait while the group trains
+                with slot_turn(group):  # members left alone wait while the group trains
                     ends = lead(
                         joined,
                         group.fuse_max,
@@ -261,18 +222,6 @@ def _unpicklable(value: Any) -> str | None:
     except Exception as exc:
         return first_line(exc)
     return None
-
-
-@contextlib.contextmanager
-def _slot_turn(group: GroupEnv) -> Iterator[None]:
-    """One training at a time on the group's slot: its leader's groups, then each member
-    that runs alone, in turn (the slot's cores are the group's, as a job's are its own)."""
-    with (group.directory / "slot.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def log_member(trainer: Any, history: MetricsHistory, log: MemberLog) -> None:
@@ -396,5 +345,5 @@ def alone_in_group(group: GroupEnv | None, training: JobTraining) -> Iterator[Pa
     if group is None:
         yield None
         return
-    with _slot_turn(group):
+    with slot_turn(group):
         yield training.checkpoint.last_saved

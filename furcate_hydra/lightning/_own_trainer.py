@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from furcate_hydra.lightning._fit import building_in_fit
-from furcate_hydra.lightning._fused_member import GroupEnv, alone_in_group, fit_in_group
+from furcate_hydra.lightning._fused_group import GroupEnv
+from furcate_hydra.lightning._fused_member import alone_in_group, fit_in_group
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import JobTraining, ResumePoint
 from furcate_hydra.lightning._logger import RunBinding, bound_class, bound_logger, job_arguments

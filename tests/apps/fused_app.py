@@ -3,7 +3,7 @@ write theirs (``import lightning as L``, ``trainer.fit``, code after it), nothin
 
 ``module=metric`` updates a torchmetrics metric inside ``training_step`` (a reason not to fuse);
 ``early_stop=true`` adds an EarlyStopping callback; ``sample_sleep`` slows each training
-sample. The task saves the trained weights in its job dir (``weights.pt``) and returns the
+sample; ``fit_delay`` seconds pass before fit (a config that reaches its group late). The task saves the trained weights in its job dir (``weights.pt``) and returns the
 validation loss of a ``trainer.validate`` after fit.
 """
 
@@ -104,6 +104,7 @@ def main(cfg: DictConfig) -> Any:
         callbacks=callbacks,
     )
     train, val = loaders(int(cfg.batch_size), float(cfg.sample_sleep))
+    time.sleep(float(cfg.fit_delay))
     trainer.fit(model, train, val)
     # the app's own code after fit, run with this config's trained model
     torch.save(model.state_dict(), Path(HydraConfig.get().runtime.output_dir) / "weights.pt")

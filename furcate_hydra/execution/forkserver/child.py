@@ -34,6 +34,7 @@ from furcate_hydra.execution.forkserver.protocol import (
     Start,
     WarmContext,
 )
+from furcate_hydra.job_secrets import hand_down
 from furcate_hydra.preemption import PREEMPTED_EXIT_CODE, JobPreempted
 
 __all__ = ["CHILD_SETUP_FAILED", "run_child"]
@@ -66,6 +67,7 @@ def run_child(
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.update(start.env)
+        hand_down(start.secrets)
         gate: Callable[[], None] = _no_gate
         if start.placement is not None:
             _take_place(start.placement)

@@ -32,6 +32,7 @@ def job_start(job: Job, placement: Placement | None, result_path: str, echo: boo
         stderr_path=str(job.paths.stderr),
         result_path=result_path,
         echo=echo,
+        secrets=job.secrets,
     )
 
 

@@ -88,6 +88,8 @@ class Start:
     stderr_path: str
     result_path: str
     echo: bool
+    # what the job's process holds in memory only (``furcate_hydra.job_secrets``)
+    secrets: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
