@@ -25,6 +25,8 @@ __all__ = [
     "GPUS_PER_JOB",
     "LIGHTNING",
     "OPTUNA_MONITOR",
+    "OPTUNA_PROXY_TLS_CERT",
+    "OPTUNA_PROXY_TOKEN",
     "OPTUNA_PRUNER",
     "OPTUNA_PRUNE_URL",
     "OPTUNA_STORAGE",
@@ -79,6 +81,11 @@ OPTUNA_PRUNER = "FURCATE_OPTUNA_PRUNER"
 # optional: where the sweeper decides for jobs on its machine (tuning/prune_service.py); the
 # job reports there instead of to STORAGE, which it uses only if that does not answer
 OPTUNA_PRUNE_URL = "FURCATE_OPTUNA_PRUNE_URL"
+# set with a grpc:// STORAGE (the sweeper's study proxy): the sweep's token, sent with every
+# call (a secret: never logged), and, where the proxy uses TLS, its certificate's PEM text,
+# the one the job trusts (public, so that no node needs the file)
+OPTUNA_PROXY_TOKEN = "FURCATE_OPTUNA_PROXY_TOKEN"
+OPTUNA_PROXY_TLS_CERT = "FURCATE_OPTUNA_PROXY_TLS_CERT"
 # trial system attribute set when the job is pruned (by it, or by the sweeper's prune
 # service for it); the sweeper then tells the trial PRUNED
 PRUNED_AT_EPOCH_ATTR = "furcate:pruned_at_epoch"

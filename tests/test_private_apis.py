@@ -3,6 +3,7 @@ fail, naming the name, when a release moves it."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import optuna
@@ -53,6 +54,30 @@ def test_optuna_asked_trial_is_sampled_as_ask_samples(study: optuna.Study) -> No
     assert optuna_private.trial_id(trial) == created
     assert 0.0 <= trial.params["x"] <= 1.0
     assert study.trials[trial.number].distributions == space  # stored as ask stores it
+
+
+def test_optuna_grpc_proxy_calls_through_a_channel_of_ours() -> None:
+    pytest.importorskip("grpc")
+    import grpc
+
+    methods: list[str] = []
+
+    class Recording(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            methods.append(details.method.rsplit("/", 1)[-1])
+            return continuation(details, request)
+
+    with socket.socket() as closed:  # bound, not listening: every call is refused at once
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        channel = grpc.intercept_channel(grpc.insecure_channel(f"127.0.0.1:{port}"), Recording())
+        proxy = optuna_private.grpc_proxy_over(channel, "127.0.0.1", port)
+        for call in (lambda: proxy.get_study_id_from_name("s"), lambda: proxy.get_all_trials(0)):
+            with pytest.raises(grpc.RpcError):
+                call()
+        proxy.close()
+    # the stub's calls and the trial cache's both went through it
+    assert methods == ["GetStudyIdFromName", "GetTrials"]
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,9 @@ from tests.conftest import run_optuna_study as run_study
 from tests.option_helpers import parse_optuna_sweeper_options
 from tests.store_helpers import job_runs
 from tests.sweeper_helpers import ran_jobs
+from tests.tls_helpers import self_signed
+
+CERT, KEY = "hydra.sweeper.storage_proxy_tls_cert", "hydra.sweeper.storage_proxy_tls_key"
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,10 @@ from tests.sweeper_helpers import ran_jobs
         (
             ["hydra.job.name=../../x"],
             ["Invalid hydra.job.name='../../x'", "outside the sweep dir"],
+        ),
+        (
+            ["hydra.sweeper.storage_proxy_tls_cert=proxy.crt"],
+            ["Invalid hydra.sweeper.storage_proxy_tls_key=None", "TLS needs both"],
         ),
     ],
 )
@@ -145,6 +152,100 @@ def test_a_bad_storage_proxy_address_is_named_with_its_fix(value: object) -> Non
 def test_a_storage_proxy_address_is_host_and_port(value: str, parsed: tuple[str, int]) -> None:
     options = parse_optuna_sweeper_options({"pruner": {"name": "none"}, "storage_proxy": value})
     assert options.storage_proxy == parsed
+
+
+def parse_tls(cert: object, key: object) -> Any:
+    return parse_optuna_sweeper_options(
+        {"pruner": {"name": "none"}, "storage_proxy_tls_cert": cert, "storage_proxy_tls_key": key}
+    )
+
+
+def tls_refused(cert: object, key: object) -> str:
+    """The error that refuses the pair: its text."""
+    with pytest.raises(OptionError) as raised:
+        parse_tls(cert, key)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "cert, key, named, problem",
+    [
+        ("proxy.crt", None, KEY, f"Invalid {KEY}=None: is unset while {CERT} is set: TLS"),
+        (None, "proxy.key", CERT, f"Invalid {CERT}=None: is unset while {KEY} is set: TLS"),
+        ("", "proxy.key", CERT, f"Invalid {CERT}='': must be the path of a PEM file"),
+    ],
+)
+def test_a_proxy_certificate_without_its_key_is_named_with_its_fix(
+    cert: object, key: object, named: str, problem: str
+) -> None:
+    with pytest.raises(OptionError) as raised:
+        parse_tls(cert, key)
+    assert raised.value.key == named
+    message = str(raised.value)
+    assert problem in message
+    assert f"Fix: set both {CERT}=PATH and {KEY}=PATH" in message
+    assert "openssl req -x509" in message and "or neither, for no TLS" in message
+
+
+def test_an_unreadable_proxy_certificate_or_key_is_named(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, "proxy")
+    missing = str(tmp_path / "missing.crt")
+    with pytest.raises(OptionError) as raised:
+        parse_tls(missing, str(key))
+    assert f"Invalid {CERT}='{missing}': cannot be read (No such file or directory)" in str(
+        raised.value
+    )
+    with pytest.raises(OptionError) as raised:
+        parse_tls(str(cert), str(tmp_path))  # a directory
+    assert f"Invalid {KEY}='{tmp_path}': cannot be read (Is a directory)" in str(raised.value)
+
+
+def test_a_proxy_certificate_that_is_not_its_keys_is_named(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, "proxy")
+    _, other_key = self_signed(tmp_path, "other")
+    message = tls_refused(str(cert), str(other_key))
+    assert f"Invalid {CERT}='{cert}': and {KEY}='{other_key}' are not a PEM certificate" in message
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("not a certificate\n")
+    with pytest.raises(OptionError) as raised:
+        parse_tls(str(garbage), str(key))
+    assert "are not a PEM certificate and its key" in str(raised.value)
+
+
+def test_a_proxy_certificate_file_holding_the_key_is_refused(tmp_path: Path) -> None:
+    # its text goes to every job: a private key in it would go too
+    cert, key = self_signed(tmp_path, "proxy")
+    both = tmp_path / "both.pem"
+    both.write_bytes(cert.read_bytes() + key.read_bytes())
+    message = tls_refused(str(both), str(key))
+    assert f"Invalid {CERT}='{both}': holds a private key" in message
+    assert f"Fix: give the certificate alone in {CERT}" in message
+
+
+def test_an_encrypted_proxy_key_is_named_with_how_to_decrypt_it(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    cert, key = self_signed(tmp_path, "proxy")
+    plain = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(
+        plain.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    message = tls_refused(str(cert), str(encrypted))  # and no password prompt on the terminal
+    assert f"Invalid {KEY}='{encrypted}': is encrypted" in message
+    assert f"Fix: decrypt it (openssl pkey -in {encrypted} -out proxy.key)" in message
+
+
+def test_a_proxy_certificate_and_its_key_are_read_for_the_sweep(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, "proxy")
+    tls = parse_tls(str(cert), str(key)).storage_proxy_tls
+    assert (tls.cert_pem, tls.key_pem) == (cert.read_bytes(), key.read_bytes())
+    assert "PRIVATE" not in repr(tls)  # the options may be logged; the key must not be
+    assert parse_tls(None, None).storage_proxy_tls is None  # the default: no TLS
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,14 @@ test (``tests/test_private_apis.py``) that fails, naming it, when an Optuna rele
     Study._thread_local,   what ``Study.ask`` does once it has a trial's id, for a trial
     Trial._suggest           created otherwise (``asked``): the sampler's trial list
                            refreshed, the fixed distributions sampled
+    GrpcStorageProxy._channel, the gRPC client's channel, and the stub and trial cache made
+      ._stub, ._cache      on it (``grpc_proxy_over``): Optuna makes only insecure channels
+                           that send no metadata, and the sweep's proxy wants a token (and TLS)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +33,7 @@ from furcate_hydra.errors import PrivateApiMoved
 __all__ = [
     "OptunaPrivateMoved",
     "asked",
+    "grpc_proxy_over",
     "grpc_servicer",
     "storage_of",
     "trial_id",
@@ -99,3 +104,33 @@ def grpc_servicer() -> tuple[Callable[[Any, Any], None], Callable[[BaseStorage],
     except ImportError as exc:
         raise OptunaPrivateMoved("optuna.storages._grpc", f"no longer has ({exc})") from None
     return add_StorageServiceServicer_to_server, OptunaStorageProxyService
+
+
+def grpc_proxy_over(channel: Any, host: str, port: int) -> optuna.storages.GrpcStorageProxy:
+    """Optuna's gRPC storage client (``GrpcStorageProxy``) making every call through
+    ``channel``, a ``grpc.Channel`` of the caller's (``host``/``port`` only name the server,
+    as the client keeps them); closing the client closes it. A pickled copy connects again
+    as Optuna's own client does (insecure, no metadata).
+
+    Raises:
+        OptunaPrivateMoved: the client no longer keeps its channel, stub and cache so.
+    """
+    with warnings.catch_warnings():  # "experimental": nothing a user of the sweep can act on
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        proxy = optuna.storages.GrpcStorageProxy(host=host, port=port)
+    own = _read(proxy, "GrpcStorageProxy", "_channel")  # insecure; not connected yet
+    stub = _read(proxy, "GrpcStorageProxy", "_stub")
+    cache = _read(proxy, "GrpcStorageProxy", "_cache")
+    try:
+        # the stub binds its calls to a channel when made, and the cache reads through a stub
+        new_stub = type(stub)(channel)
+        new_cache = type(cache)(new_stub)
+    except TypeError as exc:
+        own.close()
+        name = "GrpcStorageProxy._stub/_cache"
+        raise OptunaPrivateMoved(name, f"builds otherwise ({exc})") from None
+    proxy._channel = channel
+    proxy._stub = new_stub
+    proxy._cache = new_cache
+    own.close()
+    return proxy

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING, DictConfig
 
@@ -16,6 +17,9 @@ from furcate_hydra.hydra_api.options import OptionError, as_option_error, plain
 from furcate_hydra.sweepers.grid import SweepSpec
 from furcate_hydra.sweeping.exclusion import ExclusionRule
 from hydra_plugins.furcate_optuna_sweeper.config import PRUNER_CONFS
+
+if TYPE_CHECKING:
+    from furcate_hydra.tuning.proxy import ProxyTls
 
 __all__ = ["DIRECTIONS", "OptunaOptions", "job_storage_url"]
 
@@ -34,6 +38,7 @@ class OptunaOptions:
     directions: tuple[str, ...]
     storage: str | None  # None (storage: null): a new study for this run, in the sweep dir
     storage_proxy: tuple[str, int] | None  # (host, port; 0: any free one), or None: automatic
+    storage_proxy_tls: ProxyTls | None  # None: the proxy speaks in clear text
     study_name: str | None
     n_trials: int
     n_jobs: int | None
@@ -81,6 +86,9 @@ class OptunaOptions:
             directions=directions,
             storage=_storage(options["storage"]),
             storage_proxy=_storage_proxy(options["storage_proxy"]),
+            storage_proxy_tls=_storage_proxy_tls(
+                options["storage_proxy_tls_cert"], options["storage_proxy_tls_key"]
+            ),
             study_name=_optional_text("hydra.sweeper.study_name", options["study_name"]),
             n_trials=_count("hydra.sweeper.n_trials", options["n_trials"], "20"),
             n_jobs=_n_jobs(options["n_jobs"]),
@@ -197,6 +205,78 @@ def _storage_proxy(value: Any) -> tuple[str, int] | None:
     except FurcateConfigError as exc:
         raise as_option_error(exc) from None
     return address.host, address.port
+
+
+_TLS_CERT = "hydra.sweeper.storage_proxy_tls_cert"
+_TLS_KEY = "hydra.sweeper.storage_proxy_tls_key"
+
+
+class _EncryptedKey(Exception):
+    """Raised by the password callback: gRPC takes no encrypted key, so none is asked for."""
+
+
+def _no_password() -> bytes:
+    raise _EncryptedKey
+
+
+def _storage_proxy_tls(cert: Any, key: Any) -> ProxyTls | None:
+    """The proxy's certificate and key, read now (both or neither) and checked as a pair."""
+    from furcate_hydra.tuning.proxy import ProxyTls
+
+    if cert is None and key is None:
+        return None
+    fix = (
+        f"set both {_TLS_CERT}=PATH and {_TLS_KEY}=PATH, to a PEM certificate that names the "
+        "proxy's address and its unencrypted key, e.g. made with `openssl req -x509 -newkey "
+        "rsa:3072 -nodes -days 365 -subj /CN=optuna-proxy -addext subjectAltName=IP:10.0.0.5 "
+        "-keyout proxy.key -out proxy.crt`; or neither, for no TLS"
+    )
+    given = {_TLS_CERT: cert, _TLS_KEY: key}
+    for name, value in given.items():
+        if value is None:
+            other = _TLS_KEY if name == _TLS_CERT else _TLS_CERT
+            raise OptionError(name, value, f"is unset while {other} is set: TLS needs both", fix)
+        if not isinstance(value, str) or not value:
+            raise OptionError(name, value, "must be the path of a PEM file", fix)
+    paths = {name: Path(value).expanduser() for name, value in given.items()}
+    pems: dict[str, bytes] = {}
+    for name, path in paths.items():
+        try:
+            pems[name] = path.read_bytes()
+        except OSError as exc:
+            problem = f"cannot be read ({exc.strerror or exc})"
+            raise OptionError(name, given[name], problem, fix) from None
+    cert_pem, key_pem = pems[_TLS_CERT], pems[_TLS_KEY]
+    if b"PRIVATE KEY-----" in cert_pem:
+        raise OptionError(
+            _TLS_CERT,
+            cert,
+            "holds a private key, which would be handed to every job with the certificate",
+            f"give the certificate alone in {_TLS_CERT} and its key in {_TLS_KEY}",
+        )
+    try:
+        cert_pem.decode("ascii")
+        # the same check a TLS server makes when it starts: PEM, and the key is the cert's
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            paths[_TLS_CERT], paths[_TLS_KEY], password=_no_password
+        )
+    except _EncryptedKey:
+        raise OptionError(
+            _TLS_KEY,
+            key,
+            "is encrypted, and gRPC takes only an unencrypted key",
+            f"decrypt it (openssl pkey -in {key} -out proxy.key) and set {_TLS_KEY} to that "
+            "file, readable by the sweeper's user alone",
+        ) from None
+    except (ssl.SSLError, UnicodeDecodeError) as exc:
+        raise OptionError(
+            _TLS_CERT,
+            cert,
+            f"and {_TLS_KEY}={key!r} are not a PEM certificate and its key "
+            f"({getattr(exc, 'reason', None) or exc})",
+            fix,
+        ) from None
+    return ProxyTls(cert_pem, key_pem)
 
 
 def _count(key: str, value: Any, example: str) -> int:

@@ -3,7 +3,7 @@
 jobs on this machine, furcate's local backend, one objective ──► the prune service: the
     sweeper decides (furcate_hydra/tuning/prune_service.py)
 jobs on Ray nodes, a sqlite study ──► Optuna's gRPC proxy in front of it, served while the
-    trials run (hydra.sweeper.storage_proxy)
+    trials run (hydra.sweeper.storage_proxy), to jobs given this sweep's token
 otherwise ──► the study's storage itself
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,7 @@ class TrialReporting:
             options.storage_proxy,
         )
         self.job_storage = storage  # what the trials' jobs open
+        self._proxy_env: dict[str, str] = {}  # the proxy's token (and certificate), while served
         self._prune_service: PruneService | None = None  # while trials run here (serving)
 
     @contextlib.contextmanager
@@ -70,22 +72,36 @@ class TrialReporting:
         from furcate_hydra.tuning.proxy import StudyProxy
 
         host, port = self._serve_at
+        tls = self.options.storage_proxy_tls
         try:
-            proxy = StudyProxy(self.storage, host, port, "hydra.sweeper.storage_proxy")
+            proxy = StudyProxy(
+                self.storage,
+                host,
+                port,
+                "hydra.sweeper.storage_proxy",
+                token=secrets.token_urlsafe(32),  # this sweep's alone; jobs get it in env()
+                tls=tls,
+            )
         except FurcateConfigError as exc:
             raise as_option_error(exc) from None
         self.job_storage = proxy.url
+        self._proxy_env = proxy.job_env()
         log.info(
             "furcate_optuna: the study is served to the Ray nodes at %s (Optuna's gRPC proxy "
-            "in front of %s)",
+            "in front of %s, for this sweep's jobs only; %s)",
             proxy.url,
             shown_url(self.storage),
+            "over TLS"
+            if tls is not None
+            else "in clear text, token included: hydra.sweeper.storage_proxy_tls_cert and _key "
+            "set TLS",
         )
         try:
             yield
         finally:
             proxy.stop()
             self.job_storage = self.storage
+            self._proxy_env = {}
             log.info("furcate_optuna: stopped serving the study at %s", proxy.url)
 
     @contextlib.contextmanager
@@ -124,6 +140,7 @@ class TrialReporting:
             env_vars.OPTUNA_TRIAL_NUMBER: str(trial.number),
             env_vars.OPTUNA_MONITOR: self.options.monitor,
             env_vars.OPTUNA_PRUNER: self.options.pruner_json(),
+            **self._proxy_env,
         }
         if self._prune_service is not None:
             self._prune_service.add(trial)

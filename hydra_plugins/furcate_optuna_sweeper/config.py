@@ -141,8 +141,16 @@ class FurcateOptunaSweeperConf:
     storage: Optional[Any] = "sqlite:///optuna.db"
     # with hydra.launcher.backend=ray on a cluster (ray.address set) and a sqlite storage: the
     # address (HOST:PORT, or HOST for any free port) where the sweeper serves the study to the
-    # nodes through Optuna's gRPC proxy. Unset: this machine's address toward the head
+    # nodes through Optuna's gRPC proxy, which admits only calls carrying a token the sweeper
+    # makes for each sweep and gives its jobs. Unset: this machine's address toward the head
     storage_proxy: Optional[str] = None
+    # a PEM certificate file (it must name the storage_proxy address, e.g. subjectAltName
+    # IP:10.0.0.5) for the proxy to speak TLS; jobs get its text and trust it alone. Set with
+    # storage_proxy_tls_key, or neither: without TLS the token and the study travel in clear
+    # text, fine on a private network only: set both on any other
+    storage_proxy_tls_cert: Optional[str] = None
+    # the unencrypted PEM key of storage_proxy_tls_cert (read by the sweeper only, at start)
+    storage_proxy_tls_key: Optional[str] = None
     # unset: the task's name (hydra.job.name)
     study_name: Optional[str] = None
     # trials the study should have in all: a rerun runs only the ones missing
