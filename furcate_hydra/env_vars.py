@@ -28,6 +28,7 @@ __all__ = [
     "OPTUNA_PROXY_TLS_CERT",
     "OPTUNA_PROXY_TOKEN",
     "OPTUNA_PRUNER",
+    "OPTUNA_PRUNE_TOKEN",
     "OPTUNA_PRUNE_URL",
     "OPTUNA_STORAGE",
     "OPTUNA_STUDY",
@@ -81,6 +82,9 @@ OPTUNA_PRUNER = "FURCATE_OPTUNA_PRUNER"
 # optional: where the sweeper decides for jobs on its machine (tuning/prune_service.py); the
 # job reports there instead of to STORAGE, which it uses only if that does not answer
 OPTUNA_PRUNE_URL = "FURCATE_OPTUNA_PRUNE_URL"
+# set with PRUNE_URL: the trial's token, sent with each report (a secret: never logged); the
+# service takes a report for this trial with it alone
+OPTUNA_PRUNE_TOKEN = "FURCATE_OPTUNA_PRUNE_TOKEN"
 # set with a grpc:// STORAGE (the sweeper's study proxy): the sweep's token, sent with every
 # call (a secret: never logged), and, where the proxy uses TLS, its certificate's PEM text,
 # the one the job trusts (public, so that no node needs the file)

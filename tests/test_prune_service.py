@@ -49,8 +49,9 @@ def service() -> Iterator[PruneService]:
     service.stop()
 
 
-def post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(url, json.dumps(body).encode())
+def post(url: str, body: Any, token: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, json.loads(answer.read())
@@ -70,11 +71,15 @@ def test_the_sweeper_records_the_report_and_decides_on_its_study(
     service.add(bad)
     service.add(good)
 
-    assert post(service.url, {"trial": good.number, "step": 0, "value": 0.5}) == (
+    assert post(
+        service.url, {"trial": good.number, "step": 0, "value": 0.5}, service.token(good.number)
+    ) == (
         200,
         {"prune": False},
     )
-    assert post(service.url, {"trial": bad.number, "step": 0, "value": 9.0}) == (
+    assert post(
+        service.url, {"trial": bad.number, "step": 0, "value": 9.0}, service.token(bad.number)
+    ) == (
         200,
         {"prune": True},
     )
@@ -87,8 +92,17 @@ def test_the_sweeper_records_the_report_and_decides_on_its_study(
     # the epoch that got it pruned stays the first one
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert post(service.url, {"trial": bad.number, "step": 0, "value": 0.1})[0] == 200
-        assert post(service.url, {"trial": bad.number, "step": 1, "value": 9.0})[1]["prune"]
+        assert (
+            post(
+                service.url,
+                {"trial": bad.number, "step": 0, "value": 0.1},
+                service.token(bad.number),
+            )[0]
+            == 200
+        )
+        assert post(
+            service.url, {"trial": bad.number, "step": 1, "value": 9.0}, service.token(bad.number)
+        )[1]["prune"]
     assert stored(study, bad.number).intermediate_values == {0: 9.0, 1: 9.0}
     assert stored(study, bad.number).system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
 
@@ -97,14 +111,60 @@ def test_reports_it_cannot_take_are_refused_with_why(
     study: optuna.Study, service: PruneService
 ) -> None:
     trial = study.ask()
-    status, answer = post(service.url, {"trial": trial.number, "step": 0, "value": 1.0})
+    status, answer = post(
+        service.url, {"trial": trial.number, "step": 0, "value": 1.0}, service.token(trial.number)
+    )
     assert (status, answer["error"]) == (404, f"trial {trial.number} is not running in this sweep")
     service.add(trial)
-    status, answer = post(service.url, {"trial": trial.number, "step": "x", "value": 1.0})
+    status, answer = post(
+        service.url, {"trial": trial.number, "step": "x", "value": 1.0}, service.token(trial.number)
+    )
     assert status == 400 and "{trial, step, value}" in answer["error"]
     service.discard(trial)  # told: its job reports no more
-    assert post(service.url, {"trial": trial.number, "step": 0, "value": 1.0})[0] == 404
+    assert (
+        post(
+            service.url,
+            {"trial": trial.number, "step": 0, "value": 1.0},
+            service.token(trial.number),
+        )[0]
+        == 404
+    )
     assert stored(study, trial.number).intermediate_values == {}
+
+
+def test_a_report_without_its_trials_token_is_refused_and_the_study_unchanged(
+    study: optuna.Study, service: PruneService, caplog: pytest.LogCaptureFixture
+) -> None:
+    # any local user reaches the loopback port: a report needs the token its trial's job got
+    mine, other = study.ask(), study.ask()
+    service.add(mine)
+    service.add(other)
+    report = {"trial": mine.number, "step": 0, "value": 9.0}
+    with caplog.at_level("WARNING"):
+        assert post(service.url, report, None) == (
+            401,
+            {"error": f"not trial {mine.number}'s token"},
+        )
+        assert post(service.url, report, "guess")[0] == 401
+        # a job's own token speaks for its trial alone
+        assert post(service.url, report, service.token(other.number))[0] == 401
+    assert caplog.text.count(f"refused a report for trial {mine.number}") == 1  # logged once
+    assert "carried no token" in caplog.text and service.token(other.number) not in caplog.text
+    # a trial the service was not given is refused, whatever the token
+    never = study.ask()
+    refused = post(
+        service.url, {"trial": never.number, "step": 0, "value": 9.0}, service.token(never.number)
+    )
+    assert refused == (404, {"error": f"trial {never.number} is not running in this sweep"})
+    # nothing reached the study: no value, no prune mark, every trial still running
+    for trial in (mine, other, never):
+        frozen = stored(study, trial.number)
+        assert frozen.intermediate_values == {} and frozen.state.name == "RUNNING"
+        assert env_vars.PRUNED_AT_EPOCH_ATTR not in frozen.system_attrs
+    # a body too long to be a report is not read
+    big = {"trial": mine.number, "step": 0, "value": 1.0, "pad": "x" * 5000}
+    assert post(service.url, big, service.token(mine.number))[0] == 400
+    assert post(service.url, report, service.token(mine.number)) == (200, {"prune": True})
 
 
 def test_a_job_reports_through_the_service_and_opens_no_storage(
@@ -114,7 +174,10 @@ def test_a_job_reports_through_the_service_and_opens_no_storage(
         service.add(trial)
         # a storage URL the job could not open: the service alone answers
         missing = f"sqlite:///{tmp_path}/missing/optuna.db"
-        return OptunaPruning(missing, STUDY, trial.number, "val_loss", service_url=service.url)
+        token = service.token(trial.number)
+        return OptunaPruning(
+            missing, STUDY, trial.number, "val_loss", service_url=service.url, service_token=token
+        )
 
     good, bad = job(study.ask()), job(study.ask())
     assert not good.report(0.5, 0) and not good.report(0.4, 1)
@@ -150,8 +213,10 @@ def test_from_environ_takes_the_service_url() -> None:
         env_vars.OPTUNA_TRIAL_NUMBER: "3",
         env_vars.OPTUNA_MONITOR: "val_loss",
         env_vars.OPTUNA_PRUNE_URL: "http://127.0.0.1:5555/report",
+        env_vars.OPTUNA_PRUNE_TOKEN: "the trial's token",
     }
     assert OptunaPruning.from_environ(env).service_url == "http://127.0.0.1:5555/report"
+    assert OptunaPruning.from_environ(env)._service_token == "the trial's token"
     del env[env_vars.OPTUNA_PRUNE_URL]
     assert OptunaPruning.from_environ(env).service_url is None
 
@@ -197,7 +262,7 @@ def test_a_service_never_asked_to_serve_stops_at_once() -> None:
     service = PruneService()
     service.stop()  # its thread never started: nothing to wait for
     with pytest.raises(urllib.error.URLError):
-        post(service.url, {"trial": 0, "step": 0, "value": 1.0})
+        post(service.url, {"trial": 0, "step": 0, "value": 1.0}, service.token(0))
 
 
 @pytest.mark.parametrize("asynchronous", ["true", "false"])

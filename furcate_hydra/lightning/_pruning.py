@@ -70,6 +70,8 @@ class OptunaPruning(CallbackBase):
         service_url: The sweeper's prune service (``tuning/prune_service.py``), which reports
             and decides on the study it holds: a job at 50,000 trials then does not load
             every trial to decide. None, or no answer from it: the job uses ``storage``.
+        service_token: The trial's token, sent with each report to the service (it takes
+            reports for this trial with it alone).
 
     Several jobs may report to one sqlite file at once: each opens one connection pool, waits
     up to ``SQLITE_BUSY_TIMEOUT_S`` for the lock, and retries a write that sqlite refused at
@@ -90,9 +92,11 @@ class OptunaPruning(CallbackBase):
         monitor: str = "",
         pruner: BasePruner | None = None,
         service_url: str | None = None,
+        service_token: str | None = None,
     ) -> None:
         self.storage = storage
         self.service_url = service_url
+        self._service_token = service_token
         self.study_name = study_name
         self.trial_number = trial_number
         self.monitor = monitor
@@ -161,6 +165,7 @@ class OptunaPruning(CallbackBase):
             monitor=str(values[env_vars.OPTUNA_MONITOR]),
             pruner=pruner_from_spec(spec) if spec is not None else None,
             service_url=source.get(env_vars.OPTUNA_PRUNE_URL) or None,
+            service_token=source.get(env_vars.OPTUNA_PRUNE_TOKEN) or None,
         )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -208,9 +213,10 @@ class OptunaPruning(CallbackBase):
         """The sweeper's decision (it reported the value to the trial); None when it cannot
         be had: then the job reports to the storage itself, from now on."""
         body = {"trial": self.trial_number, "step": int(epoch), "value": float(value)}
-        request = urllib.request.Request(
-            url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"}
+        if self._service_token is not None:
+            headers["Authorization"] = f"Bearer {self._service_token}"
+        request = urllib.request.Request(url, json.dumps(body).encode(), headers)
         try:
             with urllib.request.urlopen(request, timeout=_SERVICE_TIMEOUT_S) as answer:
                 return bool(json.loads(answer.read())["prune"])

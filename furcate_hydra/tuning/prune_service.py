@@ -1,6 +1,7 @@
 """The sweeper decides whether a trial stops: its jobs report to it, not to the study's storage.
 
     job (OptunaPruning)  ── POST /report {"trial": 7, "step": 3, "value": 0.41} ──►
+                            Authorization: Bearer <trial 7's token>
     sweeper (PruneService, a thread of its process, 127.0.0.1)
         trial.report(value, step); trial.should_prune() on the sweeper's study ──► {"prune": …}
 
@@ -12,13 +13,20 @@ as it asks and tells, so the same decision there costs the trial's own rows. The
 opens no database connection of its own.
 
 Jobs on this machine only (loopback): jobs on a Ray cluster's nodes report to the storage or
-its gRPC proxy as before. Imports Optuna only; stdlib HTTP, nothing to install.
+its gRPC proxy as before. Any local user reaches a loopback port, so a report is taken only
+with its trial's token: an HMAC of the trial's number under a key the service makes for its
+sweep, handed to that trial's job in its environment (``FURCATE_OPTUNA_PRUNE_TOKEN``). A
+job's token speaks for its own trial alone, and a trial the service was not given is refused
+whatever is sent. Imports Optuna only; stdlib HTTP, nothing to install.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -34,6 +42,9 @@ log = logging.getLogger(__name__)
 
 REPORT_PATH = "/report"
 _LOOPBACK = "127.0.0.1"
+_BEARER = "Bearer "
+# a report is a few numbers: a longer body is not one, and is not read
+_MAX_BODY = 4096
 
 
 class PruneService:
@@ -47,6 +58,8 @@ class PruneService:
     def __init__(self) -> None:
         self._trials: dict[int, optuna.Trial] = {}
         self._lock = threading.Lock()  # one decision at a time: each takes milliseconds
+        self._key = secrets.token_bytes(32)  # this sweep's: its trials' tokens derive from it
+        self._refused: set[int] = set()  # trials a refused report named, each logged once
         server = ThreadingHTTPServer((_LOOPBACK, 0), _handler_for(self))
         server.daemon_threads = True
         self._server = server
@@ -66,6 +79,29 @@ class PruneService:
         with self._lock:
             self._trials[trial.number] = trial
         self.serve()
+
+    def token(self, number: int) -> str:
+        """The token trial ``number``'s job sends with each report (a secret of the job's)."""
+        return hmac.new(self._key, f"trial {number}".encode(), hashlib.sha256).hexdigest()
+
+    def admits(self, number: int, authorization: str | None) -> bool:
+        """Whether a report for trial ``number`` carries its token; a refusal is logged once
+        per trial it named."""
+        bearer = authorization is not None and authorization.startswith(_BEARER)
+        sent = authorization[len(_BEARER) :] if authorization is not None and bearer else ""
+        if bearer and hmac.compare_digest(sent.encode(), self.token(number).encode()):
+            return True
+        with self._lock:
+            first = number not in self._refused
+            self._refused.add(number)
+        if first:
+            log.warning(
+                "furcate_optuna: refused a report for trial %d to the prune service: %s "
+                "(later ones for it are refused without a word)",
+                number,
+                "it carried no token" if not authorization else "its token is not that trial's",
+            )
+        return False
 
     def discard(self, trial: optuna.Trial) -> None:
         """A trial told (or given up): its job reports no more."""
@@ -105,11 +141,16 @@ def _handler_for(service: PruneService) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 length = int(self.headers.get("Content-Length") or 0)
+                if not 0 <= length <= _MAX_BODY:
+                    raise ValueError(f"a body of {length} bytes")
                 body: dict[str, Any] = json.loads(self.rfile.read(length))
                 number, step = int(body["trial"]), int(body["step"])
                 value = float(body["value"])
             except (ValueError, KeyError, TypeError) as exc:
                 self._answer(400, {"error": f"a report is {{trial, step, value}}: {exc!r}"})
+                return
+            if not service.admits(number, self.headers.get("Authorization")):
+                self._answer(401, {"error": f"not trial {number}'s token"})
                 return
             try:
                 prune = service.report(number, step, value)

@@ -145,6 +145,7 @@ class TrialReporting:
         if self._prune_service is not None:
             self._prune_service.add(trial)
             env[env_vars.OPTUNA_PRUNE_URL] = self._prune_service.url
+            env[env_vars.OPTUNA_PRUNE_TOKEN] = self._prune_service.token(trial.number)
         return env
 
     def ended(self, trial: optuna.Trial) -> None:

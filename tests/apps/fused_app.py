@@ -3,8 +3,9 @@ write theirs (``import lightning as L``, ``trainer.fit``, code after it), nothin
 
 ``module=metric`` updates a torchmetrics metric inside ``training_step`` (a reason not to fuse);
 ``early_stop=true`` adds an EarlyStopping callback; ``sample_sleep`` slows each training
-sample; ``fit_delay`` seconds pass before fit (a config that reaches its group late). The task saves the trained weights in its job dir (``weights.pt``) and returns the
-validation loss of a ``trainer.validate`` after fit.
+sample; ``fit_delay`` seconds pass before fit (a config that reaches its group late). The
+task saves the trained weights in its job dir (``weights.pt``) and returns the validation
+loss of a ``trainer.validate`` after fit.
 """
 
 from __future__ import annotations
