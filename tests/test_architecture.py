@@ -28,6 +28,7 @@ SHARED = (
     "furcate_hydra.preemption",
     "furcate_hydra.quick_exit",
     "furcate_hydra.job_secrets",
+    "furcate_hydra.said_once",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 # The execution layer sets variables in a job's environment (a slot's GPU count) by their

@@ -59,6 +59,12 @@ def post(url: str, body: Any, token: str | None) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
 
 
+def report(service: PruneService, number: int, step: Any, value: float) -> tuple[int, Any]:
+    """Trial ``number``'s report, as its job sends it: with its token."""
+    body = {"trial": number, "step": step, "value": value}
+    return post(service.url, body, service.token(number))
+
+
 def stored(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     return study.get_trials(deepcopy=False)[number]
 
@@ -71,15 +77,11 @@ def test_the_sweeper_records_the_report_and_decides_on_its_study(
     service.add(bad)
     service.add(good)
 
-    assert post(
-        service.url, {"trial": good.number, "step": 0, "value": 0.5}, service.token(good.number)
-    ) == (
+    assert report(service, good.number, 0, 0.5) == (
         200,
         {"prune": False},
     )
-    assert post(
-        service.url, {"trial": bad.number, "step": 0, "value": 9.0}, service.token(bad.number)
-    ) == (
+    assert report(service, bad.number, 0, 9.0) == (
         200,
         {"prune": True},
     )
@@ -92,17 +94,8 @@ def test_the_sweeper_records_the_report_and_decides_on_its_study(
     # the epoch that got it pruned stays the first one
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert (
-            post(
-                service.url,
-                {"trial": bad.number, "step": 0, "value": 0.1},
-                service.token(bad.number),
-            )[0]
-            == 200
-        )
-        assert post(
-            service.url, {"trial": bad.number, "step": 1, "value": 9.0}, service.token(bad.number)
-        )[1]["prune"]
+        assert report(service, bad.number, 0, 0.1)[0] == 200
+        assert report(service, bad.number, 1, 9.0)[1]["prune"]
     assert stored(study, bad.number).intermediate_values == {0: 9.0, 1: 9.0}
     assert stored(study, bad.number).system_attrs[env_vars.PRUNED_AT_EPOCH_ATTR] == 0
 
@@ -111,24 +104,13 @@ def test_reports_it_cannot_take_are_refused_with_why(
     study: optuna.Study, service: PruneService
 ) -> None:
     trial = study.ask()
-    status, answer = post(
-        service.url, {"trial": trial.number, "step": 0, "value": 1.0}, service.token(trial.number)
-    )
+    status, answer = report(service, trial.number, 0, 1.0)
     assert (status, answer["error"]) == (404, f"trial {trial.number} is not running in this sweep")
     service.add(trial)
-    status, answer = post(
-        service.url, {"trial": trial.number, "step": "x", "value": 1.0}, service.token(trial.number)
-    )
+    status, answer = report(service, trial.number, "x", 1.0)
     assert status == 400 and "{trial, step, value}" in answer["error"]
     service.discard(trial)  # told: its job reports no more
-    assert (
-        post(
-            service.url,
-            {"trial": trial.number, "step": 0, "value": 1.0},
-            service.token(trial.number),
-        )[0]
-        == 404
-    )
+    assert report(service, trial.number, 0, 1.0)[0] == 404
     assert stored(study, trial.number).intermediate_values == {}
 
 
@@ -139,23 +121,19 @@ def test_a_report_without_its_trials_token_is_refused_and_the_study_unchanged(
     mine, other = study.ask(), study.ask()
     service.add(mine)
     service.add(other)
-    report = {"trial": mine.number, "step": 0, "value": 9.0}
+    body = {"trial": mine.number, "step": 0, "value": 9.0}
     with caplog.at_level("WARNING"):
-        assert post(service.url, report, None) == (
-            401,
-            {"error": f"not trial {mine.number}'s token"},
-        )
-        assert post(service.url, report, "guess")[0] == 401
+        refused = (401, {"error": f"not trial {mine.number}'s token"})
+        assert post(service.url, body, None) == refused
+        assert post(service.url, body, "guess") == refused
         # a job's own token speaks for its trial alone
-        assert post(service.url, report, service.token(other.number))[0] == 401
+        assert post(service.url, body, service.token(other.number)) == refused
     assert caplog.text.count(f"refused a report for trial {mine.number}") == 1  # logged once
     assert "carried no token" in caplog.text and service.token(other.number) not in caplog.text
     # a trial the service was not given is refused, whatever the token
     never = study.ask()
-    refused = post(
-        service.url, {"trial": never.number, "step": 0, "value": 9.0}, service.token(never.number)
-    )
-    assert refused == (404, {"error": f"trial {never.number} is not running in this sweep"})
+    not_given = (404, {"error": f"trial {never.number} is not running in this sweep"})
+    assert report(service, never.number, 0, 9.0) == not_given
     # nothing reached the study: no value, no prune mark, every trial still running
     for trial in (mine, other, never):
         frozen = stored(study, trial.number)
@@ -164,7 +142,7 @@ def test_a_report_without_its_trials_token_is_refused_and_the_study_unchanged(
     # a body too long to be a report is not read
     big = {"trial": mine.number, "step": 0, "value": 1.0, "pad": "x" * 5000}
     assert post(service.url, big, service.token(mine.number))[0] == 400
-    assert post(service.url, report, service.token(mine.number)) == (200, {"prune": True})
+    assert report(service, mine.number, 0, 9.0) == (200, {"prune": True})
 
 
 def test_a_job_reports_through_the_service_and_opens_no_storage(
@@ -262,7 +240,7 @@ def test_a_service_never_asked_to_serve_stops_at_once() -> None:
     service = PruneService()
     service.stop()  # its thread never started: nothing to wait for
     with pytest.raises(urllib.error.URLError):
-        post(service.url, {"trial": 0, "step": 0, "value": 1.0}, service.token(0))
+        report(service, 0, 0, 1.0)
 
 
 @pytest.mark.parametrize("asynchronous", ["true", "false"])

@@ -41,6 +41,7 @@ from furcate_hydra.fusion.sealed_line import (
     seal_as_leader,
     seal_as_member,
 )
+from furcate_hydra.said_once import SaidOnce
 
 LEADER = "leader"
 CLOSED = "closed"  # the leader gathered its members: a later one runs alone
@@ -181,11 +182,10 @@ class _Refusals:
     """Connections refused while a group gathers: each peer's logged once."""
 
     def __init__(self) -> None:
-        self._seen: set[int] = set()
+        self._said = SaidOnce()
 
     def refuse(self, pid: int, why: str) -> None:
-        if pid not in self._seen:
-            self._seen.add(pid)
+        if self._said.first(pid):
             log.warning("furcate: fused: a connection to the group's leader was refused: %s", why)
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hmac
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from furcate_hydra.said_once import SaidOnce
 
 __all__ = ["TokenCheck", "job_channel", "server_credentials"]
 
@@ -45,8 +46,7 @@ class TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]  # gRPC has no t
 
     def __init__(self, token: str) -> None:
         self._expected = _bearer(token).encode()
-        self._lock = threading.Lock()
-        self._warned: set[str] = set()  # peer addresses already logged
+        self._warned = SaidOnce()  # peer addresses already logged
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
@@ -62,10 +62,7 @@ class TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]  # gRPC has no t
 
     def _refuse(self, _request: Any, context: Any) -> None:
         address = _address(context.peer())
-        with self._lock:
-            first = address not in self._warned
-            self._warned.add(address)
-        if first:
+        if self._warned.first(address):
             log.warning(
                 "furcate_optuna: refused a call to the study proxy from %s, which did not send "
                 "the sweep's token (later calls from there are refused without a word)",

@@ -34,6 +34,7 @@ from typing import Any
 import optuna
 
 from furcate_hydra import env_vars
+from furcate_hydra.said_once import SaidOnce
 from furcate_hydra.tuning.optuna_private import trial_id
 
 __all__ = ["REPORT_PATH", "PruneService"]
@@ -59,7 +60,7 @@ class PruneService:
         self._trials: dict[int, optuna.Trial] = {}
         self._lock = threading.Lock()  # one decision at a time: each takes milliseconds
         self._key = secrets.token_bytes(32)  # this sweep's: its trials' tokens derive from it
-        self._refused: set[int] = set()  # trials a refused report named, each logged once
+        self._refused = SaidOnce()  # trials a refused report named
         server = ThreadingHTTPServer((_LOOPBACK, 0), _handler_for(self))
         server.daemon_threads = True
         self._server = server
@@ -91,10 +92,7 @@ class PruneService:
         sent = authorization[len(_BEARER) :] if authorization is not None and bearer else ""
         if bearer and hmac.compare_digest(sent.encode(), self.token(number).encode()):
             return True
-        with self._lock:
-            first = number not in self._refused
-            self._refused.add(number)
-        if first:
+        if self._refused.first(number):
             log.warning(
                 "furcate_optuna: refused a report for trial %d to the prune service: %s "
                 "(later ones for it are refused without a word)",
