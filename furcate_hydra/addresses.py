@@ -14,14 +14,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from furcate_hydra.errors import FurcateConfigError
 
-__all__ = ["SQLITE_EXAMPLE", "HostPort", "StoreAddress"]
+__all__ = ["SQLITE_EXAMPLE", "HostPort", "StoreAddress", "shown_url"]
 
 SQLITE_EXAMPLE = "sqlite:///mlflow.db (relative to the working directory) or sqlite:////abs/path.db"
 _MEMORY = ":memory:"
 _PORTS = range(1, 65536)
+
+
+def shown_url(url: str) -> str:
+    """``url`` for a log line or a message: a password in it shown as ``***`` (a log file
+    in the sweep dir is often readable by the machine's other users)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not a URL a password could be read from
+        return url
+    if not password:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,20 @@ os.umask(_UMASK)
 _MODE = 0o666 & ~_UMASK
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, durable: bool = True, mode: int | None = None
+) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it into place.
 
     Readers never see half a file either way; ``durable=False`` skips the fsync (a few ms) for
-    reports that can be rewritten, where surviving a power cut does not matter.
+    reports that can be rewritten, where surviving a power cut does not matter. ``mode``: the
+    file's, set before a byte is written (None: what ``open`` would give it).
     """
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), _MODE)
+            os.fchmod(handle.fileno(), _MODE if mode is None else mode)
             handle.write(data)
             handle.flush()
             if durable:

@@ -265,11 +265,20 @@ def test_storage_unset_is_the_shared_default_and_null_a_new_study_in_the_sweep_d
     assert study_storage(null, sweep) == f"sqlite:///{tmp_path}/sweep/optuna-2.db"
 
 
-def test_a_storage_password_is_not_logged() -> None:
-    assert (
-        shown_url("postgresql://me:secret@db:5432/optuna") == "postgresql://me:***@db:5432/optuna"
-    )
-    assert shown_url("sqlite:////abs/optuna.db") == "sqlite:////abs/optuna.db"
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("postgresql://me:secret@db:5432/optuna", "postgresql://me:***@db:5432/optuna"),
+        ("postgresql+psycopg2://me:p%40ss@db/optuna?sslmode=require",
+         "postgresql+psycopg2://me:***@db/optuna?sslmode=require"),
+        ("mysql://me:a:b@[::1]:3306/optuna", "mysql://me:***@[::1]:3306/optuna"),
+        ("postgresql://me@db/optuna", "postgresql://me@db/optuna"),  # no password to hide
+        ("sqlite:////abs/optuna.db", "sqlite:////abs/optuna.db"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ],
+)  # fmt: skip
+def test_a_storage_password_is_not_logged(url: str, shown: str) -> None:
+    assert shown_url(url) == shown
 
 
 def job_return(value: object, status: JobStatus = JobStatus.COMPLETED) -> JobReturn:

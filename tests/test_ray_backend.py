@@ -308,6 +308,9 @@ def test_optuna_trials_fill_ray_slots_and_are_pruned_from_their_jobs(
     assert done.returncode == 0, out[-4000:]
     assert "2 Ray slots (no GPU, 1 CPU each) on 1 node of a Ray instance on this machine" in out
     assert out.count("Started a local Ray instance") == 1, "Ray was started again at exit"
+    # what the sweep relies on, said once at launch
+    private = "Ray's own ports (the Ray instance started on this machine) take work from whoever"
+    assert out.count(private) == 1, out[-4000:]
     # the instance the launcher started reports no usage stats (they ask 169.254.169.254)
     assert sockets.usage_stats == {"0"}, sockets.usage_stats
     study = optuna.load_study(

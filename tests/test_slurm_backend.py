@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -82,11 +83,10 @@ def test_allocations_submitted_from_the_login_node_share_the_sweep(
     assert "submitted Slurm job" in output and "2 completed" in output, output
     assert ran(tmp_path) == dict.fromkeys(range(CONFIGS), 1), output  # each config once
 
-    (command,) = [
-        line
-        for line in (tmp_path / "sweep" / "furcate_slurm.sh").read_text().splitlines()
-        if line.startswith("exec ")
-    ]
+    script = tmp_path / "sweep" / "furcate_slurm.sh"
+    # it exports the store's URL (a password in it, often): the user's alone to read
+    assert stat.S_IMODE(script.stat().st_mode) == 0o700
+    (command,) = [line for line in script.read_text().splitlines() if line.startswith("exec ")]
     assert "hydra.launcher.backend=local" in command and "backend=slurm" not in command
     job = re.search(r"submitted Slurm job (\d+)", output)
     assert job is not None, output

@@ -23,3 +23,9 @@ def test_a_database_store_is_served_by_mlflow_ui() -> None:
         link
         == f"mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db, then http://127.0.0.1:5000{RUNS}"
     )
+
+
+def test_a_database_password_stays_out_of_the_log() -> None:
+    link = experiment_link("postgresql://me:s3cret@db/mlflow", "7")
+    assert "s3cret" not in link
+    assert link.startswith("mlflow ui --backend-store-uri postgresql://me:***@db/mlflow, then ")

@@ -108,6 +108,12 @@ def connect(options: RayOptions, log_to_driver: bool) -> ModuleType:
             f"address with `ray status --address=...`, or leave {ADDRESS_KEY} unset to start "
             "Ray on this machine",
         ) from None
+    # Ray authenticates nothing: whoever reaches its ports can run code as the cluster's user
+    log.info(
+        "furcate: Ray's own ports (%s) take work from whoever reaches them: furcate relies on "
+        "that network being private to the sweep's user (docs: Security)",
+        options.address or "the Ray instance started on this machine",
+    )
     return ray
 
 

@@ -104,8 +104,8 @@ def submit(submission: Submission) -> str:
     """
     submission.sweep_dir.mkdir(parents=True, exist_ok=True)
     script = submission.sweep_dir / SCRIPT
-    atomic_write_bytes(script, submission.script().encode(), durable=False)
-    script.chmod(0o755)
+    # the user's alone: it exports the store's URL, whose password other users must not read
+    atomic_write_bytes(script, submission.script().encode(), durable=False, mode=0o700)
     args = submission.sbatch_args(script)
     try:
         done = subprocess.run(

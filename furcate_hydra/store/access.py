@@ -20,6 +20,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from furcate_hydra.addresses import shown_url
 from furcate_hydra.store.decisions import Action, CodeCheck, Decision, Rerun
 from furcate_hydra.store.liveness import LauncherIdentity
 from furcate_hydra.store.run_record import (
@@ -98,7 +99,7 @@ class StoreAccess:
         """The store, opened by MLflow once."""
         if self.store is None:
             # loading MLflow and, the first time, creating a store's tables takes seconds
-            log.info("furcate: opening the MLflow store %s …", self.tracking.uri)
+            log.info("furcate: opening the MLflow store %s …", shown_url(self.tracking.uri))
             self.store = RunStore(
                 self.tracking,
                 self.experiment,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from urllib.parse import urlparse, urlunparse
 
+from furcate_hydra.addresses import shown_url
+
 __all__ = ["MLFLOW_UI_ADDRESS", "experiment_link"]
 
 # Where ``mlflow ui`` serves when given no --host/--port.
@@ -28,4 +30,5 @@ def experiment_link(tracking_uri: str, experiment_id: str) -> str:
             netloc += f":{parsed.port}"
         server = urlunparse((parsed.scheme, netloc, parsed.path.rstrip("/"), "", "", ""))
         return server + page
-    return f"mlflow ui --backend-store-uri {tracking_uri}, then {MLFLOW_UI_ADDRESS}{page}"
+    shown = shown_url(tracking_uri)
+    return f"mlflow ui --backend-store-uri {shown}, then {MLFLOW_UI_ADDRESS}{page}"

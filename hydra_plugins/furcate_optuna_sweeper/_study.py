@@ -32,6 +32,7 @@ from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState, create_trial
 
+from furcate_hydra.addresses import shown_url
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.layout import SweepPaths
 from furcate_hydra.store.liveness import LauncherIdentity, launcher_gone
@@ -92,17 +93,6 @@ def study_storage(storage: str | None, sweep: SweepPaths) -> str:
         return job_storage_url(storage, Path.cwd())
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{sweep.new_study_db()}"
-
-
-def shown_url(url: str) -> str:
-    """The storage URL for a log line: a password in it shown as ***."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
 
 
 def open_study(
