@@ -12,6 +12,10 @@ first line writes the time into ``times.json``, with its end and its slot.
               end of the task module's imports, which every launcher waits for alike;
   skipped     the furcate command run again in the same directory (new sweep dir), every
               config FINISHED: its wall time, beside the basic launcher's whole 2-job sweep;
+  fresh       the torch task's first job in a new directory, no ``mlflow.db`` in it yet: the
+              basic launcher (anchor); furcate copying the new store from the template an
+              earlier sweep kept (``store_template``); furcate on a machine with no template
+              yet (it makes one); furcate with the store made (as a rerun finds it);
   handoff     ``-m i=range(0,12) d=0.2`` on 2 slots: a slot's idle time from one job's last
               line to its next job's first line, furcate under Hydra's basic sweeper (one
               ``launch``) and under ``hydra/sweeper=furcate``; anchor: the gap between the
@@ -55,6 +59,7 @@ from bench.timeline import (
     slot_gaps,
     span,
 )
+from furcate_hydra.store.store_template import CACHE_VAR, seed_new_store
 
 T = TypeVar("T")
 
@@ -115,12 +120,17 @@ def run_cli(
     sweep: str,
     timing: str = "times.json",
     code: str | None = None,
+    cache: Path | None = None,
 ) -> Command:
     """Run ``app -m`` in ``run_dir`` (its store: ``run_dir/mlflow.db``), with furcate from
-    ``code`` (a checkout) or this one; read the jobs' times."""
+    ``code`` (a checkout) or this one, its new-store templates in ``cache`` (None: the
+    user's); read the jobs' times."""
     sweep_dir = run_dir / sweep
     overrides = [*overrides, f"hydra.sweep.dir={sweep_dir}"]
-    done = run_command(app_command(app, overrides), cwd=run_dir, env=code_env(code))
+    env = code_env(code)
+    if cache is not None:
+        env[CACHE_VAR] = str(cache)
+    done = run_command(app_command(app, overrides), cwd=run_dir, env=env)
     done.check(" ".join(done.command))
     timings = read_timings(sweep_dir, timing, pattern="**/{name}").values()
     jobs = [job_from(info) for info in timings]
@@ -138,11 +148,13 @@ def code_env(code: str | None) -> dict[str, str]:
     return env
 
 
-def fresh_dir(root: Path, name: str, template: Path) -> Path:
-    """A directory for one command, holding a copy of the empty store."""
+def fresh_dir(root: Path, name: str, template: Path | None) -> Path:
+    """A directory for one command, holding a copy of the empty store (None: no store yet,
+    as in a new directory)."""
     run_dir = root / "".join(c if c.isalnum() or c == "-" else "_" for c in name)
     run_dir.mkdir(parents=True)
-    shutil.copy(template, run_dir / "mlflow.db")
+    if template is not None:
+        shutil.copy(template, run_dir / "mlflow.db")
     return run_dir
 
 
@@ -194,6 +206,33 @@ def first_job_round(root: Path, template: Path, r: int) -> dict[str, dict[str, A
             print(f"round {r + 1} first job, {task}, {name}: {done.first_start_s:.2f} s")
         out[task] = row
     return out
+
+
+def fresh_round(root: Path, template: Path, r: int) -> dict[str, dict[str, Any]]:
+    """The torch task's first job in a new directory (no ``mlflow.db`` yet), each launcher:
+    Hydra's basic one (the anchor); furcate whose new store is a copy of the template kept
+    from an earlier sweep; furcate on a machine with no template yet (it makes it: MLflow's
+    migrations, once per MLflow version); furcate with the store made (a rerun's case)."""
+    cases: dict[str, tuple[list[str], Path | None, Path | None]] = {
+        "basic": (["hydra/launcher=basic"], None, None),
+        "furcate, new store (template kept)": ([], None, root / "cache"),
+        "furcate, new store (no template yet)": ([], None, root / f"cache-{r}"),
+        "furcate, store made": ([], template, root / "cache"),
+    }
+    row: dict[str, Any] = {}
+    for name in rotated(list(cases), r):
+        overrides, store, cache = cases[name]
+        run_dir = fresh_dir(root, f"fresh-{r}-{name}", store)
+        done = run_cli(APPS["torch"], ["i=0,1", "d=0.0", *overrides], run_dir, "sweep",
+                       cache=cache)  # fmt: skip
+        if len(done.jobs) != 2:
+            raise RuntimeError(f"fresh {name}: {len(done.jobs)} of 2 jobs ran")
+        row[name] = {
+            "first_start_s": round(done.first_start_s, 3),
+            "others_cpu_share": done.others_cpu_share,
+        }
+        print(f"round {r + 1} fresh dir, {name}: {done.first_start_s:.2f} s")
+    return {"torch": row}
 
 
 def handoff_round(root: Path, template: Path, r: int) -> dict[str, dict[str, Any]]:
@@ -380,6 +419,28 @@ def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return summary
 
 
+def fresh_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over rounds, and each furcate case over the basic launcher's (seconds)."""
+    names = list(rounds[0]["torch"])
+    medians = {n: median_of(rounds, "torch", n, "first_start_s") for n in names}
+    basic = medians["basic"]
+    return {
+        "first_start_s": medians,
+        "over_basic_s": {n: round(m - basic, 3) for n, m in medians.items() if n != "basic"},
+        "others_cpu_share_max": max(
+            row["others_cpu_share"] for r in rounds for row in r["torch"].values()
+        ),
+    }
+
+
+def show_fresh(figures: dict[str, Any]) -> None:
+    fresh = figures["fresh"]
+    print(f"\nfirst job in a new directory, torch task, medians of {figures['rounds']} rounds:")
+    for name, seconds in fresh["first_start_s"].items():
+        over = fresh["over_basic_s"].get(name)
+        print(f"  {name:<38} {seconds:6.2f} s" + ("" if over is None else f"  ({over:+.2f} s)"))
+
+
 def show(figures: dict[str, Any]) -> None:
     s = figures["summary"]
     others = s["others_cpu_share_median"]
@@ -404,6 +465,8 @@ def show(figures: dict[str, Any]) -> None:
         print(f"profile, {task} task ({p['wall_s']:.2f} s under cProfile), cumulative s:")
         for label, seconds in list(p["cumulative_s"].items())[:15]:
             print(f"  {seconds:>7.3f}  {label}")
+    if "fresh" in figures:
+        show_fresh(figures)
 
 
 def main() -> None:
@@ -417,21 +480,34 @@ def main() -> None:
         CODES[BEFORE] = str(Path(args.before).resolve())
     at_start = machine()
     parts = args.parts.split(",")
-    measures = {"first_job": first_job_round, "handoff": handoff_round, "optuna": optuna_round}
+    measures = {
+        "first_job": first_job_round,
+        "fresh": fresh_round,
+        "handoff": handoff_round,
+        "optuna": optuna_round,
+    }
     rounds: dict[str, list[dict[str, Any]]] = {part: [] for part in measures}
     figures: dict[str, Any] = {"rounds": args.rounds, "before": args.before}
     with tempfile.TemporaryDirectory(prefix="furcate-startup-") as tmp:
         root = Path(tmp)
         template = empty_store(root / "template" / "mlflow.db")
+        if "fresh" in parts:  # the template an earlier sweep on this machine kept
+            (root / "seeded").mkdir()
+            os.environ[CACHE_VAR] = str(root / "cache")
+            seed_new_store(root / "seeded" / "mlflow.db")
+            del os.environ[CACHE_VAR]
         for r in range(args.rounds):
             for part in parts:
                 rounds[part].append(measures[part](root, template, r))
         if args.profile:
             figures["profile"] = profile(root, template)
-    if set(parts) == set(measures):
+    if "fresh" in parts:
+        figures["fresh"] = fresh_summary(rounds["fresh"])
+    if set(parts) >= {"first_job", "handoff", "optuna"}:
         figures["summary"] = summarize(rounds)
     figures["by_round"] = rounds
-    publish("startup", at_start, figures, show if "summary" in figures else print)
+    shown = show if "summary" in figures else show_fresh if "fresh" in figures else print
+    publish("startup", at_start, figures, shown)
 
 
 if __name__ == "__main__":

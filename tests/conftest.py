@@ -178,10 +178,22 @@ def unrequested_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
+@pytest.fixture(scope="session")
+def template_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' cache of new-store templates: not the user's (``store_template``)."""
+    return tmp_path_factory.mktemp("furcate-cache")
+
+
 @pytest.fixture(autouse=True)
-def no_outside_store(unrequested_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test records into the MLFLOW_TRACKING_URI of the shell that runs pytest."""
+def no_outside_store(
+    unrequested_store: str, template_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No test records into the MLFLOW_TRACKING_URI of the shell that runs pytest, nor keeps
+    a template in the user's cache."""
+    from furcate_hydra.store.store_template import CACHE_VAR
+
     monkeypatch.setenv("MLFLOW_TRACKING_URI", unrequested_store)
+    monkeypatch.setenv(CACHE_VAR, str(template_cache))
 
 
 @pytest.fixture

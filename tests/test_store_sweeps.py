@@ -20,6 +20,7 @@ from hydra.core.utils import JobStatus
 
 from furcate_hydra.records.before_run import sweep_run_name
 from furcate_hydra.store import Tags
+from furcate_hydra.store.store_template import CACHE_VAR, template_path
 from tests.conftest import LaunchJobs, run_probe_sweep
 from tests.process_helpers import killed_if_left, start_probe_sweep
 from tests.store_helpers import artifact_names, job_runs, sweep_runs
@@ -272,3 +273,22 @@ def test_a_killed_launchers_sweep_run_is_ended_by_the_next_launcher(
     assert ended.info.status == "KILLED" and ended.info.end_time is not None
     assert "has exited" in ended.data.tags[Tags.ERROR]
     assert new.info.status == "FINISHED"
+
+
+def test_the_first_sweep_in_a_new_directory_copies_mlflows_empty_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a cache of its own: the first sweep makes the template, the next new store is a copy
+    monkeypatch.setenv(CACHE_VAR, str(tmp_path / "cache"))
+    first, second = tmp_path / "first.db", tmp_path / "second.db"
+    made = sweep(tmp_path, "a", "+lr=0.1", f"hydra.launcher.mlflow.tracking_uri=sqlite:///{first}")
+    copied = sweep(
+        tmp_path, "b", "+lr=0.1", f"hydra.launcher.mlflow.tracking_uri=sqlite:///{second}"
+    )
+    assert template_path().is_file()
+    creating = "Creating initial MLflow database tables"
+    assert (made.stdout + made.stderr).count(creating) == 1  # the template's, once
+    assert creating not in copied.stdout + copied.stderr  # a copy: nothing to create
+    for store in (first, second):  # each a store MLflow uses as its own
+        (run,) = job_runs(f"sqlite:///{store}")
+        assert run.info.status == "FINISHED" and run.data.params["lr"] == "0.1"

@@ -15,6 +15,7 @@ from furcate_hydra.addresses import StoreAddress
 from furcate_hydra.errors import FurcateConfigError
 from furcate_hydra.sqlite_health import sqlite_damage
 from furcate_hydra.sqlite_lock import creating_sqlite_schema
+from furcate_hydra.store.store_template import seed_new_store
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -100,13 +101,16 @@ def check_tracking_uri(tracking: TrackingUri, timeout_s: float = 5.0) -> None:
 @contextmanager
 def creating_store(tracking: TrackingUri) -> Iterator[None]:
     """Hold while opening the first MLflow client on the store: a sqlite file's schema is
-    created (and migrated) by one process at a time. A server creates its own schema; other
-    databases are left to their administrators."""
+    created (and migrated) by one process at a time, and a new one is a copy of MLflow's
+    empty store for this MLflow version (``store_template``: milliseconds, not the seconds
+    MLflow's migrations take). A server creates its own schema; other databases are left to
+    their administrators."""
     path = tracking.sqlite_path
     if path is None:
         yield
         return
     with creating_sqlite_schema(path):
+        seed_new_store(path)
         yield
 
 
