@@ -199,10 +199,11 @@ def _lead(
     deadline = time.monotonic() + timeout_s
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         # bound under another name, and named the group's socket once only its user may use it
-        with _socket_path(directory, f".{SOCKET}-{os.getpid()}") as path:
+        unready = f".{SOCKET}-{os.getpid()}"
+        with _socket_path(directory, unready) as path:
             server.bind(path)
-        os.chmod(directory / f".{SOCKET}-{os.getpid()}", 0o600)
-        os.rename(directory / f".{SOCKET}-{os.getpid()}", directory / SOCKET)
+        os.chmod(directory / unready, 0o600)
+        os.rename(directory / unready, directory / SOCKET)
         server.listen()
         server.settimeout(_POLL_S)
         while len(members) + _gone(directory, members) < size:
@@ -276,6 +277,18 @@ def _gone(directory: Path, joined: list[Joined]) -> int:
     return sum(1 for path in directory.glob(f"{prefix}*") if path.name[len(prefix) :] not in keys)
 
 
+def _connected(directory: Path) -> socket.socket | None:
+    """A connection to the group's socket, or None while nothing listens there."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with _socket_path(directory) as path:
+            client.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        client.close()
+        return None
+    return client
+
+
 def _follow(directory: Path, key: str, payload: Any, timeout_s: float, secret: bytes) -> Following:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -284,20 +297,15 @@ def _follow(directory: Path, key: str, payload: Any, timeout_s: float, secret: b
         leader = _leader_pid(directory)
         if leader is not None and not _alive(leader):
             raise RendezvousError(f"the group's leader (pid {leader}) is gone")
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            if leader is None:  # its mark is not written yet: nothing to check an answer by
-                raise FileNotFoundError
-            with _socket_path(directory) as path:
-                client.connect(path)
+        # until its mark is written there is no pid to check an answer by
+        client = None if leader is None else _connected(directory)
+        if client is not None:
             break
-        except (FileNotFoundError, ConnectionRefusedError):
-            client.close()
-            if time.monotonic() > deadline:
-                raise RendezvousError(
-                    f"no leader of the group in {directory} listened in {timeout_s:.0f} s"
-                ) from None
-            time.sleep(_POLL_S)
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"no leader of the group in {directory} listened in {timeout_s:.0f} s"
+            )
+        time.sleep(_POLL_S)
     why = peer_refusal(client, expected_pid=leader)
     if why is not None:
         client.close()
