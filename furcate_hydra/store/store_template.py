@@ -18,15 +18,13 @@ it always did.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from furcate_hydra.atomic import atomic_write_bytes
+from furcate_hydra.sqlite_lock import creating_sqlite_schema
 
 __all__ = ["CACHE_VAR", "seed_new_store", "template_path"]
 
@@ -71,17 +69,10 @@ def _template() -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _held(path.with_name(path.name + ".lock")):
+    with creating_sqlite_schema(path):  # the template is a sqlite file whose schema is made
         if not path.exists():  # another process made it while this one waited
             _make_template(path)
     return path
-
-
-@contextlib.contextmanager
-def _held(lock: Path) -> Iterator[None]:
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed
-        yield
 
 
 def _make_template(path: Path) -> None:
