@@ -88,9 +88,8 @@ class PruneService:
     def admits(self, number: int, authorization: str | None) -> bool:
         """Whether a report for trial ``number`` carries its token; a refusal is logged once
         per trial it named."""
-        bearer = authorization is not None and authorization.startswith(_BEARER)
-        sent = authorization[len(_BEARER) :] if authorization is not None and bearer else ""
-        if bearer and hmac.compare_digest(sent.encode(), self.token(number).encode()):
+        expected = f"{_BEARER}{self.token(number)}".encode()
+        if authorization and hmac.compare_digest(authorization.encode(), expected):
             return True
         if self._refused.first(number):
             log.warning(
