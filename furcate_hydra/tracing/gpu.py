@@ -19,6 +19,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from furcate_hydra.execution.gpu.nvml import Nvml, NvmlUnavailable, start_nvml
+from furcate_hydra.said_once import SaidOnce
 from furcate_hydra.tracing.process_tree import MIB
 
 __all__ = ["DeviceReading", "GpuUsage", "NvmlSampler", "over_gpus"]
@@ -62,7 +63,7 @@ class NvmlSampler:
         self._who = who
         self._nvml: Nvml | None = None
         self._unavailable = False  # NVML failed to start: not tried again
-        self._warned: set[str] = set()  # devices (or "" for NVML itself) already warned about
+        self._warned = SaidOnce()  # devices (or "" for NVML itself) already warned about
         self._handles: dict[str, object] = {}
 
     def usage(self, device: str, pids: Collection[int]) -> GpuUsage:
@@ -119,8 +120,7 @@ class NvmlSampler:
         return handle
 
     def _warn_once(self, device: str, why: str) -> None:
-        if device not in self._warned:
-            self._warned.add(device)
+        if self._warned.first(device):
             log.warning("furcate: %s: %s", self._who, why)
 
 
