@@ -7,7 +7,7 @@ when over ``records`` (skip / resume / record, on the MLflow ``store``) and an e
 ``job_process`` and then the app, which calls ``lightning``. Hydra is imported only in
 ``hydra_api``, ``launching``, ``sweepers``, ``records``, ``job_process`` and ``hydra_plugins/``.
 Importing this package stays cheap: a fork server that is a new interpreter imports
-``furcate_hydra.execution.forkserver.server`` and must not pay for anything it does not use.
+``furcate_hydra.execution.forkserver.entry`` and must not pay for anything it does not use.
 """
 
 from __future__ import annotations

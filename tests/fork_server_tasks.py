@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +33,9 @@ class DetachingContext:
         if self.release is not None:
             os.close(_HELD.pop(self.release))
 
+    def after_imports(self) -> None:
+        pass
+
     def before_fork(self, env: Mapping[str, str]) -> None:
         pass  # nothing to warm: each job's work is its own
 
@@ -51,9 +56,39 @@ class WarmingContext:
     def prepare(self) -> None:
         pass  # everything it keeps comes from before_fork
 
+    def after_imports(self) -> None:
+        pass
+
     def before_fork(self, env: Mapping[str, str]) -> None:
         self.noted.append(env.get("WARM", "-"))
 
     def run(self, payload: bytes, gate: Callable[[], None]) -> str:
         gate()
         return ",".join(self.noted)
+
+
+class ImportsContext:
+    """Each job returns which of the module names in its payload (a JSON list) were in
+    ``sys.modules`` when its own code began: those it inherited from the server. It then
+    imports the last one, as a task importing inside its main function does; ``after``
+    counts the server's calls of ``after_imports``, which a job inherits."""
+
+    def __init__(self) -> None:
+        self.after = 0
+
+    def prepare(self) -> None:
+        pass
+
+    def after_imports(self) -> None:
+        self.after += 1
+
+    def before_fork(self, env: Mapping[str, str]) -> None:
+        pass
+
+    def run(self, payload: bytes, gate: Callable[[], None]) -> tuple[list[str], int]:
+        gate()
+        names = json.loads(payload)
+        found = [name for name in names if name in sys.modules]
+        if names:
+            importlib.import_module(names[-1])
+        return found, self.after

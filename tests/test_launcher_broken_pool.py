@@ -92,7 +92,7 @@ def test_a_sweep_whose_fork_server_dies_stops_with_the_reason_and_records_it(
         for child in launcher.children():
             # a fork of the launcher, named so; or, where it cannot fork, a fresh interpreter
             command = " ".join(child.cmdline())
-            if child.name() == SERVER_NAME or "forkserver.server import" in command:
+            if child.name() == SERVER_NAME or "forkserver.entry import" in command:
                 server = child.pid
         assert server is not None and len(descendants) >= 7
         os.kill(server, signal.SIGKILL)

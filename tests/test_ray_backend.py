@@ -112,7 +112,7 @@ def fork_servers(cluster: Cluster) -> list[int]:
     found = []
     for process in cluster.processes():
         try:
-            if "forkserver.server" in " ".join(process.cmdline()):
+            if "forkserver.entry" in " ".join(process.cmdline()):
                 found.append(process.pid)
         except Exception:
             continue
@@ -276,7 +276,7 @@ def test_a_remote_job_is_recorded_with_its_pid_and_node_as_it_starts(
         assert (data["status"], data["node"]) == ("RUNNING", "127.0.0.1")
         # the job's own process, forked on its node by the slot's fork server
         job = psutil.Process(int(str(data["pid"])))
-        assert "forkserver.server" in " ".join(job.cmdline())
+        assert "forkserver.entry" in " ".join(job.cmdline())
         assert job.pid in {p.pid for p in cluster.processes()}
         capsys.readouterr()
         assert main(["status", str(tmp_path / "sweep"), "--json"]) == 0

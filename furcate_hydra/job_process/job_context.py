@@ -99,12 +99,16 @@ class HydraJobContext:
         setup_globals()
         if self.singleton_state is not None:
             Singleton.set_state(self.singleton_state)
+        self.after_imports()
+
+    def after_imports(self) -> None:
         # Only jobs that record into their run themselves (furcate's Lightning layer, loaded
-        # here for an app that imports Lightning) open the store: for others it is wasted
-        if LIGHTNING_LAYER in sys.modules:
+        # here for an app that imports Lightning, now or once its jobs were seen to) open the
+        # store: for others it is wasted
+        if self._warm_uri is None and LIGHTNING_LAYER in sys.modules:
             self._warm_uri = self.tracking_uri
-        if self._warm_uri is not None:
-            build_store_for_forks(self._warm_uri)
+            if self._warm_uri is not None:
+                build_store_for_forks(self._warm_uri)
 
     def before_fork(self, env: Mapping[str, str]) -> None:
         # once, the first job's run: every later job inherits what loading a run sets up

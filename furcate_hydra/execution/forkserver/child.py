@@ -27,6 +27,7 @@ import cloudpickle
 
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.forkserver.gpu_report import torch_gpu_peak
+from furcate_hydra.execution.forkserver.job_imports import installed_imports
 from furcate_hydra.execution.forkserver.names import JOB_NAME, name_process
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
@@ -59,6 +60,7 @@ def run_child(
     server hands the slot on then, not after the kernel has torn the process down.
     """
     code = CHILD_SETUP_FAILED
+    server_has = frozenset(sys.modules)
     try:
         os.setsid()
         name_process(JOB_NAME)
@@ -73,7 +75,11 @@ def run_child(
             _take_place(start.placement)
         elif gate_fd is not None:
             gate = functools.partial(_wait_for_place, gate_fd)
-        report = replace(_run_job(context, start.payload, gate), gpu_peak_bytes=torch_gpu_peak())
+        report = replace(
+            _run_job(context, start.payload, gate),
+            gpu_peak_bytes=torch_gpu_peak(),
+            imported=installed_imports(server_has),
+        )
         # the launcher reads it at once and deletes it: no fsync on the way out
         atomic_write_bytes(start.result_path, _pickle_report(report), durable=False)
         code = report.exit_code or 0

@@ -28,6 +28,7 @@ from furcate_hydra.execution.forkserver.protocol import (
     InitFailed,
     Kill,
     Placement,
+    Preload,
     Ready,
     Release,
     SetContext,
@@ -180,6 +181,13 @@ class ForkServerClient:
 
     def kill(self, key: str, signum: int) -> None:
         self._conn.send(Kill(key, signum))
+
+    def preload(self, modules: Sequence[str], probe_limit_s: float | None = None) -> None:
+        """Have the server import ``modules`` (what jobs imported), while it goes on serving;
+        its ``Preloaded`` says what it did. ``probe_limit_s``: the most its trial of the
+        modules not known to import cleanly may take (None: the protocol's default)."""
+        limit = {} if probe_limit_s is None else {"probe_limit_s": probe_limit_s}
+        self._conn.send(Preload(list(modules), **limit))
 
     def receive(self, timeout: float | None) -> object | None:
         """Next event from the server, or None when ``timeout`` passes first.

@@ -25,9 +25,9 @@ import threading
 import traceback
 from typing import IO, Protocol
 
+from furcate_hydra.execution.forkserver.entry import serve_forked  # loaded before the fork
 from furcate_hydra.execution.forkserver.names import SERVER_NAME, name_process
 from furcate_hydra.execution.forkserver.protocol import WarmContext
-from furcate_hydra.execution.forkserver.server import serve_forked  # loaded before the fork
 
 __all__ = ["ForkedServer", "ServerProcess", "can_fork", "fork_server", "spawn_server"]
 
@@ -55,7 +55,7 @@ def spawn_server(child_sock: socket.socket, piped: bool) -> subprocess.Popen[byt
     # Its own session: a Ctrl-C at the terminal reaches the launcher, which then stops the jobs
     # in order, instead of reaching every process at once.
     # not ``-m``: runpy would run the module a second time, this package having imported it
-    code = "import sys; from furcate_hydra.execution.forkserver.server import main; "
+    code = "import sys; from furcate_hydra.execution.forkserver.entry import main; "
     code += "sys.exit(main(sys.argv))"
     return subprocess.Popen(
         [sys.executable, "-c", code, str(child_sock.fileno())],

@@ -18,6 +18,8 @@ __all__ = [
     "InitFailed",
     "Kill",
     "Placement",
+    "Preload",
+    "Preloaded",
     "Ready",
     "Release",
     "SetContext",
@@ -43,6 +45,10 @@ class WarmContext(Protocol):
     """
 
     def prepare(self) -> None: ...
+
+    def after_imports(self) -> None:
+        """The server imported more (what its jobs were seen to import): warm what that
+        allows, as ``prepare`` would have."""
 
     def before_fork(self, env: Mapping[str, str]) -> None: ...
 
@@ -110,6 +116,16 @@ class Shutdown:
     grace_s: float
 
 
+@dataclass(frozen=True)
+class Preload:
+    """Packages the jobs imported themselves: import them once in the server (tried in a
+    probe first, unless well known), so that later jobs start with them."""
+
+    modules: list[str]
+    # what the trial of one module not known to import cleanly may take
+    probe_limit_s: float = 120.0
+
+
 # server -> launcher
 
 
@@ -158,6 +174,16 @@ class Exited:
 
 
 @dataclass(frozen=True)
+class Preloaded:
+    """A ``Preload`` is done: what the server imported (in ``seconds``) and what it would not,
+    with why."""
+
+    imported: list[str]
+    refused: dict[str, str]
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Stopped:
     """The server has stopped every job and is about to exit."""
 
@@ -175,7 +201,8 @@ class ChildReport:
     the task's traceback where ``run`` returned a value that stands for its failure (the Hydra
     layer's outcome of a task that raised says so in its own ``failure``);
     ``gpu_peak_bytes`` is the most GPU memory the job's torch says it held (see
-    ``gpu_report``), None where it used no GPU.
+    ``gpu_report``), None where it used no GPU; ``imported``: the installed packages the job
+    imported itself (``job_imports``), which its server could have had.
     """
 
     value: Any = None
@@ -184,3 +211,4 @@ class ChildReport:
     preempted: str | None = None
     failure: str | None = None
     gpu_peak_bytes: int | None = None
+    imported: tuple[str, ...] = ()

@@ -20,6 +20,10 @@ when it exits without saying so (a crash).
 The server never initialises CUDA and never runs job code itself. When the launcher goes away
 (its socket closes) or the server gets SIGTERM, it stops every job's process group and exits, so
 no job outlives the sweep that started it.
+
+What the jobs report they imported themselves, the launcher hands back (``Preload``): the
+server imports it once (``learned_imports``), holding forks meanwhile, and forks again the jobs
+waiting ahead, so that they start with it too.
 """
 
 from __future__ import annotations
@@ -27,29 +31,27 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-import importlib
-import importlib.util
 import os
 import pickle
 import selectors
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 import cloudpickle
 
 from furcate_hydra.execution.forkserver.child import run_child
+from furcate_hydra.execution.forkserver.learned_imports import ImportLearning, LearnedImports
 from furcate_hydra.execution.forkserver.protocol import (
     Exited,
     Init,
-    InitFailed,
     Kill,
     Placement,
+    Preload,
+    Preloaded,
     Ready,
     Release,
     SetContext,
@@ -62,14 +64,19 @@ from furcate_hydra.execution.forkserver.protocol import (
     WarmContext,
 )
 from furcate_hydra.execution.forkserver.tee import OutputTee
+from furcate_hydra.execution.forkserver.warm_up import (
+    import_preloads,
+    refuse_initialised_cuda,
+    use_context,
+)
 
-__all__ = ["main", "serve_forked"]
+__all__ = ["ORPHAN_GRACE_S", "ForkServer"]
 
 # How long a finished job's output pipes may stay open (held by an escaped grandchild) before
 # the server gives up on them and reports the exit anyway.
 _PIPE_DRAIN_S = 2.0
 # Grace period used when the launcher disappears without asking for a shutdown.
-_ORPHAN_GRACE_S = 5.0
+ORPHAN_GRACE_S = 5.0
 
 
 @dataclass
@@ -84,6 +91,7 @@ class _Job:
     wait_status: int | None = None
     ended_at: float = 0.0
     drain_deadline: float = 0.0
+    retired: bool = False  # forked again after the server imported more: never reported
 
 
 class ForkServer:
@@ -97,6 +105,14 @@ class ForkServer:
         self.ahead: collections.deque[_Job] = collections.deque()  # forked ahead, oldest first
         self.launcher_gone = False
         self.stop_deadline: float | None = None
+        self.retired: list[_Job] = []  # forked ahead, then again warmer: until they exit
+        self.held: list[Start] = []  # asked while the server imports: forked once it is done
+        self.learning = ImportLearning(
+            lambda fd, call: self.selector.register(fd, selectors.EVENT_READ, call),
+            self.selector.unregister,
+            self._owned_fds,
+            self._on_learned,
+        )
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -105,34 +121,23 @@ class ForkServer:
         sys.path[:] = init.sys_path
         os.chdir(init.cwd)
         began = time.perf_counter()
-        preloaded = [name for name in init.preload if _import_if_installed(name)]
+        preloaded = import_preloads(init.preload)
         self._set_context(init.context)
-        _refuse_initialised_cuda()
+        refuse_initialised_cuda()
         self.conn.send(Ready(os.getpid(), time.perf_counter() - began, preloaded))
 
     def initialise_forked(self, preload: list[str], context: WarmContext) -> None:
         """A fork of the launcher: only the preloads it has not imported, and its context."""
         began = time.perf_counter()
-        missing = [name for name in preload if name not in sys.modules]
-        preloaded = [name for name in missing if _import_if_installed(name)]
+        preloaded = import_preloads(preload)
         # no collection first: over torch's objects it takes ~0.3 s here, on the way to the
         # first job, to free a little garbage the launcher left
-        self._use_context(context, collect=False)
-        _refuse_initialised_cuda()
+        self.context = use_context(context, collect=False)
+        refuse_initialised_cuda()
         self.conn.send(Ready(os.getpid(), time.perf_counter() - began, preloaded))
 
     def _set_context(self, blob: bytes) -> None:
-        self._use_context(cloudpickle.loads(blob), collect=True)
-
-    def _use_context(self, context: WarmContext, collect: bool) -> None:
-        context.prepare()
-        self.context = context
-        # torch and Lightning leave ~400k objects behind. Frozen, they are never scanned again:
-        # a job's first full collection no longer walks them (200+ ms), and no collection
-        # touches their pages, so they stay shared with the server instead of being copied.
-        if collect:
-            gc.collect()
-        gc.freeze()
+        self.context = use_context(cloudpickle.loads(blob), collect=True)
 
     # -- main loop -----------------------------------------------------------------------
 
@@ -154,7 +159,7 @@ class ForkServer:
         except (EOFError, OSError):
             self.launcher_gone = True
             self.selector.unregister(self.conn.fileno())
-            self.request_stop(_ORPHAN_GRACE_S)
+            self.request_stop(ORPHAN_GRACE_S)
             return
         if isinstance(message, Start):
             self._start(message)
@@ -165,7 +170,10 @@ class ForkServer:
                 self._send(Unused(message.placement.slot))
         elif isinstance(message, SetContext):
             self._set_context(message.context)
+        elif isinstance(message, Preload):
+            self.learning.request(message.modules, message.probe_limit_s)
         elif isinstance(message, Kill):
+            self._unhold(message.key, message.signum)
             job = self.jobs.get(message.key)
             if job is not None and job.wait_status is None:
                 self._drop_ahead(job)
@@ -177,6 +185,9 @@ class ForkServer:
         """Ask every job's process group to stop; SIGKILL what is left after ``grace_s``."""
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + grace_s
+        self.learning.stop()
+        for start in list(self.held):
+            self._unhold(start.key, signal.SIGTERM)
         for job in self.jobs.values():
             if job.wait_status is None:
                 self._drop_ahead(job)
@@ -188,12 +199,15 @@ class ForkServer:
         ]
         if self.stop_deadline is not None:
             deadlines.append(self.stop_deadline)
+        if (probe_deadline := self.learning.deadline()) is not None:
+            deadlines.append(probe_deadline)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        self.learning.check_deadline(now)
         if self.stop_deadline is not None and now >= self.stop_deadline:
             for job in self.jobs.values():
                 if job.wait_status is None:
@@ -209,6 +223,9 @@ class ForkServer:
     def _start(self, start: Start) -> None:
         if self.stop_deadline is not None or self.context is None:
             self._send(StartFailed(start.key, "the fork server is stopping"))
+            return
+        if self.learning.importing:  # a fork now could copy a half-imported module
+            self.held.append(start)
             return
         try:
             os.makedirs(os.path.dirname(start.stdout_path), exist_ok=True)
@@ -313,16 +330,50 @@ class ForkServer:
     def _maybe_report(self, job: _Job) -> None:
         if job.wait_status is None or not all(tee.closed for tee in job.tees):
             return
+        if job.retired:
+            self.retired.remove(job)
+            return
         del self.jobs[job.start.key]
         self._send(Exited(job.start.key, job.wait_status, job.ended_at))
 
     def _owned_fds(self) -> list[int]:
-        fds = [self.conn.fileno(), self.selector.fileno()]
-        for job in self.jobs.values():
+        fds = [self.conn.fileno(), self.selector.fileno(), *self.learning.owned()]
+        for job in [*self.jobs.values(), *self.retired]:
             fds.extend(fd for fd in (job.pidfd, job.gate_fd, job.done_fd) if fd is not None)
             for tee in job.tees:
                 fds.extend(tee.server_fds())
         return fds
+
+    # -- what the jobs import -------------------------------------------------------------
+
+    def _on_learned(self, learned: LearnedImports) -> None:
+        """The server has imported more: its jobs start with it from now on."""
+        if learned.imported:
+            assert self.context is not None
+            self.context.after_imports()
+            gc.freeze()  # as after the first imports: never scanned, pages stay shared
+        self._send(Preloaded(learned.imported, learned.refused, learned.seconds))
+        held, self.held = self.held, []
+        for start in held:
+            self._start(start)
+        if learned.imported and self.stop_deadline is None:
+            self._fork_ahead_again()
+
+    def _fork_ahead_again(self) -> None:
+        """Jobs waiting ahead were forked before the server imported what they need, and would
+        each import it again: fork them again (Hydra's set-up, milliseconds), in order."""
+        for job in list(self.ahead):
+            self._drop_ahead(job)  # its gate closes: it exits without having run
+            job.retired = True
+            self.retired.append(job)
+            del self.jobs[job.start.key]
+            self._start(job.start)
+
+    def _unhold(self, key: str, signum: int) -> None:
+        """A job held for the imports is stopped before its fork: it ends as if killed."""
+        for start in [s for s in self.held if s.key == key]:
+            self.held.remove(start)
+            self._send(Exited(key, signum, time.time()))
 
     def _send(self, message: object) -> None:
         if self.launcher_gone:
@@ -331,67 +382,9 @@ class ForkServer:
             self.conn.send(message)
         except OSError:
             self.launcher_gone = True
-            self.request_stop(_ORPHAN_GRACE_S)
-
-
-def _import_if_installed(name: str) -> bool:
-    if importlib.util.find_spec(name) is None:
-        return False
-    importlib.import_module(name)
-    return True
-
-
-def _refuse_initialised_cuda() -> None:
-    torch: Any = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        raise RuntimeError(
-            "CUDA is initialised in the fork server (by the task's module or a preloaded one, "
-            "as they were imported); forked jobs could not use their GPU. Fix: do not touch "
-            "CUDA (e.g. torch.cuda.* or .cuda()) at import time of the task's module."
-        )
+            self.request_stop(ORPHAN_GRACE_S)
 
 
 def _killpg(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-
-
-def main(argv: list[str]) -> int:
-    """Entry point of a new interpreter (``fork.spawn_server``): ``main([_, <socket fd>])``."""
-    # The launcher owns the terminal's Ctrl-C, and a scheduler's SIGUSR1, and decides when
-    # jobs stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-    def initialise(server: ForkServer) -> None:
-        message = server.conn.recv()
-        if not isinstance(message, Init):
-            raise RuntimeError(f"expected Init as the first message, got {type(message).__name__}")
-        server.initialise(message)
-
-    return _serve(Connection(int(argv[1])), initialise)
-
-
-def serve_forked(conn_fd: int, preload: list[str], context: WarmContext) -> int:
-    """Entry point in a fork of the launcher (``fork.fork_server``), which has set up the
-    process (session, signals, stdio) already; returns the exit status."""
-    return _serve(Connection(conn_fd), lambda server: server.initialise_forked(preload, context))
-
-
-def _serve(conn: Connection, initialise: Callable[[ForkServer], None]) -> int:
-    server = ForkServer(conn)
-    signal.signal(signal.SIGTERM, lambda *_: server.request_stop(_ORPHAN_GRACE_S))
-    try:
-        initialise(server)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        return 0  # the launcher went away during the warm-up (a Ctrl-C): nothing to report
-    except BaseException:
-        with contextlib.suppress(OSError):
-            conn.send(InitFailed(traceback.format_exc()))
-        return 1
-    server.serve()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
