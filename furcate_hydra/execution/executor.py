@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -111,6 +111,13 @@ class Executor(Protocol):
     def cancel(self, keys: Iterable[str]) -> None:
         """Drop queued jobs and stop running ones; each still comes back, CANCELLED."""
         ...
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """Have the jobs to come start with ``modules`` imported, where the executor can."""
+
+    @property
+    def learned_imports(self) -> tuple[str, ...]:
+        """Modules its fork server imported because jobs imported them themselves."""
 
     def add_listener(self, listener: JobListener) -> None:
         """Call ``listener`` with each event, on the owner's thread, as the executor sees it."""

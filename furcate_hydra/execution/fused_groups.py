@@ -33,6 +33,7 @@ from typing import Any
 
 from furcate_hydra import env_vars, job_secrets
 from furcate_hydra.execution.job import Job
+from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slots import SlotPlan
 
 __all__ = ["FIRST_WIDTH", "LEARNED_SEATS", "FusedGroups", "seated"]
@@ -67,6 +68,14 @@ def seated(plan: SlotPlan, fuse_max: int) -> SlotPlan:
 
 class FusedGroups:
     """Forms the groups of a pool's queue, keeps their directories, learns their width."""
+
+    @classmethod
+    def for_pool(cls, options: PoolOptions, slots: int) -> FusedGroups | None:
+        """A pool's groups over its ``slots`` (None with ``fuse=off``)."""
+        if options.fuse_max <= 1:
+            return None
+        homes = max(slots // options.fuse_max, 1)
+        return cls(options.fuse_max, options.fuse_gather_s, homes, options.fuse_min_gain)
 
     def __init__(
         self, seats: int, gather_s: float, homes: int, min_gain: float | None = None

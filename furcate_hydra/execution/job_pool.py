@@ -78,16 +78,7 @@ class JobPool:
         self._broken: str | None = None
         self._closed = False
         # fuse=auto: queued jobs start in groups, whose fits train as one
-        self._groups = (
-            FusedGroups(
-                options.fuse_max,
-                options.fuse_gather_s,
-                max(transport.slot_count // options.fuse_max, 1),
-                options.fuse_min_gain,
-            )
-            if options.fuse_max > 1
-            else None
-        )
+        self._groups = FusedGroups.for_pool(options, transport.slot_count)
         self._submitting = False  # a caller is queueing jobs: a group may wait for more
 
     # -- the Executor contract ---------------------------------------------------------
@@ -119,6 +110,14 @@ class JobPool:
 
     def add_listener(self, listener: JobListener) -> None:
         self._listeners.append(listener)
+
+    def preload(self, modules: Sequence[str]) -> None:
+        if self._broken is None:
+            self._call(self._transport.preload, modules)
+
+    @property
+    def learned_imports(self) -> tuple[str, ...]:
+        return self._transport.learned_imports
 
     def set_context(self, context: bytes) -> None:
         if self._broken is None:

@@ -24,7 +24,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
     Exited,
     Placement,
+    Preloaded,
     StartFailed,
     Unused,
     WarmContext,
@@ -47,6 +48,7 @@ from furcate_hydra.execution.gpu.packing import GpuPacking
 from furcate_hydra.execution.job import Job
 from furcate_hydra.execution.job_pool import JobPool
 from furcate_hydra.execution.pool_options import PoolOptions
+from furcate_hydra.execution.server_imports import ServerImports
 from furcate_hydra.execution.slot_book import SlotBook
 from furcate_hydra.execution.slot_env import VISIBLE_DEVICES
 from furcate_hydra.execution.slots import Slot, SlotPlan
@@ -140,6 +142,7 @@ class LocalTransport(Transport):
         # hears of the end: on a shared GPU that would keep a slot an out-of-memory closed.
         self._shared = any(count > 1 for count in plan.slots_per_gpu().values())
         self._fork_ahead = options.fork_ahead and not (packing is not None and self._shared)
+        self._imports = ServerImports(options.preload is None, options.lightning_layer)
 
     @property
     def slot_count(self) -> int:
@@ -173,6 +176,17 @@ class LocalTransport(Transport):
             self._context = context
         else:
             self._send(lambda: self.ready_server().set_context(context))
+
+    def preload(self, modules: Sequence[str]) -> None:
+        self._ask_server(self._imports.remembered(modules))
+
+    @property
+    def learned_imports(self) -> tuple[str, ...]:
+        return tuple(self._imports.learned)
+
+    def _ask_server(self, modules: list[str]) -> None:
+        if modules:
+            self._send(lambda: self.ready_server().preload(modules))
 
     def has_room(self) -> bool:
         # Free slots went to the jobs ahead first (``_offer``): one left is the queue's.
@@ -282,9 +296,14 @@ class LocalTransport(Transport):
         if isinstance(event, StartFailed):
             self._end(event.key)
             return [Ended(event.key, start_error=event.error)]
+        if isinstance(event, Preloaded):
+            self._imports.imported(event)
+            return []
         elif isinstance(event, Exited) and (job := self._end(event.key)) is not None:
             self._report_mps_faults()
             report = self._read_report(job)
+            if report is not None:
+                self._ask_server(self._imports.seen(report.imported))
             return [Ended(job.key, report, event.wait_status, event.ended_at)]
         return []
 

@@ -16,7 +16,8 @@ class PoolOptions:
     # queue a preempted job again (it was stopped from outside, not by the pool) this often
     max_preemptions: int
     # modules the fork server imports once so that jobs start warm; None: those the
-    # launcher's process has loaded (a forked server has them already)
+    # launcher's process has loaded (a forked server has them already), and what the jobs
+    # are seen to import themselves (learned); (): those only, nothing learned
     preload: tuple[str, ...] | None
     # copy each job's stdout/stderr onto the launcher's console as well as its log files
     echo_output: bool
@@ -28,6 +29,9 @@ class PoolOptions:
     # modules every job imports before its task (furcate's own job side), which the fork
     # server imports once besides ``preload``, so that no job pays for them
     job_imports: tuple[str, ...] = ()
+    # furcate's Lightning layer, which the fork server imports with a Lightning namespace it
+    # learns that the jobs import (None: jobs never load it)
+    lightning_layer: str | None = None
     # NVIDIA's MPS daemon for GPUs that run several jobs at once: auto, on or off (``mps``)
     mps: str = "off"
     # the most jobs started together on slots as one fused group (``fuse_max``, or

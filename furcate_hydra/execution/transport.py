@@ -14,6 +14,7 @@ preemption queued again, a cancellation, its final state) is the pool's to decid
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -175,6 +176,16 @@ class Transport(abc.ABC):
     def abandon(self) -> None:
         """The pool gave up every job (it is broken): kill what still runs and forget every
         job and every slot. Never raises."""
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """Have the machinery import ``modules`` for the jobs to come (what this app's jobs
+        imported in an earlier sweep). A transport that cannot leaves it."""
+        del modules  # one without a fork server of its own has nowhere to import them
+
+    @property
+    def learned_imports(self) -> tuple[str, ...]:
+        """What the machinery imported because the jobs were seen to, in its order."""
+        return ()
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -53,7 +53,14 @@ def server_imports(mode: object, preload: Sequence[str] | None = None) -> tuple[
     lightning = any(name in sys.modules for name in _NAMESPACES) or any(
         name.split(".")[0] in packages for name in preload or ()
     )
-    return ("furcate_hydra.lightning._own_trainer",) if mode == AUTO and lightning else ()
+    layer = layer_for(mode)
+    return (layer,) if layer is not None and lightning else ()
+
+
+def layer_for(mode: object) -> str | None:
+    """The module of furcate's Lightning layer that a job under ``mode`` loads once it imports
+    Lightning, and that a fork server with Lightning should have; None where jobs never do."""
+    return "furcate_hydra.lightning._own_trainer" if mode == AUTO else None
 
 
 def _patch(name: str) -> None:

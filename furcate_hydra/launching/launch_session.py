@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,6 +110,8 @@ class LaunchSession:
         )
         self._trace_interval_s = options.trace_interval_s  # the trace starts in warm_up
         self.fail_fast = options.fail_fast
+        # preload unset: the fork server learns what the jobs import (preload=[]: it does not)
+        self._learn_imports = options.pool.preload is None
         self.handler = JobHandler(
             self.executor,
             self.ledger,
@@ -182,6 +185,7 @@ class LaunchSession:
             self.ledger.load_store_modules()
             self.executor.start()  # with hydra.launcher.mps=on, an error where MPS cannot run
             self.ledger.open_store()
+            self._preload_remembered()
             self.executor.wait_ready()
             self.handler.start_tracing(self._trace_interval_s)
         except KeyboardInterrupt:
@@ -286,10 +290,27 @@ class LaunchSession:
         self._closed = True
         self.shown.stop()
         self.executor.close()
+        if self._learn_imports:
+            self.ledger.remember_imports(self.executor.learned_imports)
         held, peaks = self.handler.give_up()
         self.ledger.close(interrupted, held, peaks, preempted)
         interrupts.restore()
         return len(held)
+
+    def _preload_remembered(self) -> None:
+        """What this app's jobs imported themselves in its earlier sweeps: the fork server
+        imports it now (holding the first fork until it is in), and the launch says so."""
+        if not self._learn_imports:
+            return
+        missing = [name for name in self.ledger.remembered_imports() if name not in sys.modules]
+        if missing:
+            log.info(
+                "furcate: the fork server preloads %s: this app's jobs imported them themselves "
+                "in its earlier sweeps (hydra.launcher.preload sets the list; preload=[] "
+                "learns nothing)",
+                ", ".join(missing),
+            )
+            self.executor.preload(missing)
 
     def _fork_context(self) -> HydraJobContext | None:
         return fork_context(self.task_function, self.hydra_context, self.ledger.tracking_uri)

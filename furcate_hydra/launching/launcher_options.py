@@ -21,7 +21,7 @@ from furcate_hydra.execution.pool_options import PoolOptions
 from furcate_hydra.execution.slot_options import AUTO as AUTO_JOBS
 from furcate_hydra.execution.slot_options import SlotOptions
 from furcate_hydra.hydra_api.options import as_option_error, plain
-from furcate_hydra.job_process.lightning_auto import AUTO, MODES, server_imports
+from furcate_hydra.job_process.lightning_auto import AUTO, MODES, layer_for, server_imports
 from furcate_hydra.monitor.views import PROGRESS_MODES
 from furcate_hydra.ray_backend.options import Backend, RayOptions
 from furcate_hydra.slurm.options import SlurmOptions
@@ -300,6 +300,7 @@ def _pool_options(options: Mapping[str, Any]) -> PoolOptions:
         # a fused group starts when seats for all of it are free: none is forked ahead
         fork_ahead=not _flag(options, "fail_fast") and fuse_max == 1,
         job_imports=server_imports(options["lightning"], preload),
+        lightning_layer=layer_for(options["lightning"]),
         mps=check_mps_mode(options["mps"]),
         fuse_max=fuse_max,
         fuse_min_gain=fuse_min_gain,

@@ -32,6 +32,7 @@ from furcate_hydra.store import (
     resolve_tracking_uri,
 )
 from furcate_hydra.store.access import StoreAccess
+from furcate_hydra.store.app_imports import remember_imports, remembered_imports
 from furcate_hydra.store.run_data import JobRow
 from furcate_hydra.tracing import TracePeaks
 
@@ -67,6 +68,7 @@ class RunLedger:
         invocation = " ".join(given_overrides(launcher_config, "task"))
         self.before = RunOpener(options, self.access, self.sweep, invocation, code, where or {})
         self.after = OutcomeRecorder(self.access, self.sweep)
+        self._imports: list[str] = []  # what the experiment remembered of its jobs' imports
 
     # -- the store ----------------------------------------------------------------------
 
@@ -94,6 +96,20 @@ class RunLedger:
         """Open the store through MLflow, once: from now on everything goes through it."""
         if self.access is not None:
             self.access.open()
+
+    def remembered_imports(self) -> list[str]:
+        """What this app's jobs imported themselves in its earlier sweeps (its experiment's
+        ``furcate.preload``), once the store is open."""
+        if self.store is None:
+            return []
+        self._imports = remembered_imports(self.store.client, self.store.experiment_id)
+        return self._imports
+
+    def remember_imports(self, modules: Sequence[str]) -> None:
+        """Remember for the app's next sweep what its jobs were seen to import."""
+        if self.store is not None and modules:
+            store = self.store
+            remember_imports(store.client, store.experiment_id, modules, self._imports)
 
     @property
     def tracking_uri(self) -> str | None:
