@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 
 # descriptors the server holds for the test, by name (the server's own process)
@@ -68,10 +69,11 @@ class WarmingContext:
 
 
 class ImportsContext:
-    """Each job returns which of the module names in its payload (a JSON list) were in
-    ``sys.modules`` when its own code began: those it inherited from the server. It then
-    imports the last one, as a task importing inside its main function does; ``after``
-    counts the server's calls of ``after_imports``, which a job inherits."""
+    """Each job returns which of the module names in its payload (JSON: ``check``, a list)
+    were in ``sys.modules`` when its own code began: those it inherited from the server. It
+    then imports the last one, as a task importing inside its main function does, and holds
+    ``hold_s`` seconds; ``after`` counts the server's calls of ``after_imports``, which a job
+    inherits."""
 
     def __init__(self) -> None:
         self.after = 0
@@ -87,8 +89,11 @@ class ImportsContext:
 
     def run(self, payload: bytes, gate: Callable[[], None]) -> tuple[list[str], int]:
         gate()
-        names = json.loads(payload)
+        asked = json.loads(payload)
+        names = asked["check"]
         found = [name for name in names if name in sys.modules]
         if names:
             importlib.import_module(names[-1])
+            importlib.import_module("json.tool")  # a later import: the watch speaks then
+        time.sleep(asked.get("hold_s", 0))
         return found, self.after

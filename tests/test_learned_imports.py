@@ -27,6 +27,7 @@ from furcate_hydra.execution.forkserver.job_imports import installed_imports
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
     Exited,
+    Imported,
     Placement,
     Preloaded,
     Start,
@@ -61,10 +62,12 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ForkServ
     client.terminate()
 
 
-def _start(tmp_path: Path, key: str, names: list[str], placed: bool = True) -> Start:
+def _start(
+    tmp_path: Path, key: str, names: list[str], placed: bool = True, hold_s: float = 0.0
+) -> Start:
     return Start(
         key=key,
-        payload=json.dumps(names).encode(),
+        payload=json.dumps({"check": names, "hold_s": hold_s}).encode(),
         env={},
         placement=PLACE if placed else None,
         stdout_path=str(tmp_path / f"{key}.out"),
@@ -165,6 +168,22 @@ def test_a_job_held_for_an_import_and_stopped_ends_as_killed(
     server.start(replace(_start(tmp_path, "next", [KNOWN])))
     assert isinstance(_next(server, seen, Exited, "next"), Exited)
     assert _result(tmp_path, "next") == ([KNOWN], 1)
+
+
+def test_a_running_job_says_which_heavy_packages_it_imported_as_soon_as_they_are_in(
+    server: ForkServerClient, tmp_path: Path
+) -> None:
+    seen: list[object] = []
+    server.start(_start(tmp_path, "importer", [KNOWN], hold_s=30.0))
+    named: list[str] = []
+    while KNOWN not in named:  # numpy, on pandas' way, is said first
+        said = _next(server, seen, Imported, "importer")
+        assert isinstance(said, Imported)
+        named += said.modules
+    assert named == ["numpy", KNOWN]
+    assert not [m for m in seen if isinstance(m, Exited)]  # while it still runs
+    server.kill("importer", signal.SIGKILL)
+    assert isinstance(_next(server, seen, Exited, "importer"), Exited)
 
 
 def test_a_job_names_the_installed_packages_it_imported_itself() -> None:

@@ -36,6 +36,7 @@ from furcate_hydra.execution.forkserver.job_start import ResultFiles, job_start
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
     Exited,
+    Imported,
     Placement,
     Preloaded,
     StartFailed,
@@ -298,6 +299,9 @@ class LocalTransport(Transport):
             return [Ended(event.key, start_error=event.error)]
         if isinstance(event, Preloaded):
             self._imports.imported(event)
+            return []
+        if isinstance(event, Imported):  # a job, still running, has just imported them
+            self._ask_server(self._imports.seen(event.modules))
             return []
         elif isinstance(event, Exited) and (job := self._end(event.key)) is not None:
             self._report_mps_faults()

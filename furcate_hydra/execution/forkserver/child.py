@@ -27,7 +27,8 @@ import cloudpickle
 
 from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.forkserver.gpu_report import torch_gpu_peak
-from furcate_hydra.execution.forkserver.job_imports import installed_imports
+from furcate_hydra.execution.forkserver.job_imports import ImportWatch, installed_imports
+from furcate_hydra.execution.forkserver.learned_imports import WELL_KNOWN
 from furcate_hydra.execution.forkserver.names import JOB_NAME, name_process
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
@@ -57,7 +58,8 @@ def run_child(
 
     ``gate_fd``: for a job forked ahead (no placement yet), where its placement will come from.
     ``done_fd``: written just before the exit, once the report and the output are out: the
-    server hands the slot on then, not after the kernel has torn the process down.
+    server hands the slot on then, not after the kernel has torn the process down; before
+    that, a line each time a heavy package the server lacks is imported (``ImportWatch``).
     """
     code = CHILD_SETUP_FAILED
     server_has = frozenset(sys.modules)
@@ -70,6 +72,7 @@ def run_child(
             signal.signal(signum, signal.SIG_DFL)
         os.environ.update(start.env)
         hand_down(start.secrets)
+        ImportWatch([n for n in WELL_KNOWN if n not in server_has], done_fd).install()
         gate: Callable[[], None] = _no_gate
         if start.placement is not None:
             _take_place(start.placement)

@@ -50,7 +50,7 @@ WELL_KNOWN = (
 class LearnedImports:
     """What one round of learning ended with (sent to the launcher as ``Preloaded``)."""
 
-    imported: list[str] = field(default_factory=list)  # in the server now, in this order
+    imported: list[str] = field(default_factory=list)  # asked, and in the server now
     refused: dict[str, str] = field(default_factory=dict)  # name -> why not
     seconds: float = 0.0  # the server's own import time
 
@@ -81,6 +81,7 @@ class ImportLearning:
         self._thread: _ImportThread | None = None
         self._round = LearnedImports()
         self._probed: list[str] = []  # this round's modules that a probe imported cleanly
+        self._asked: list[str] = []  # this round's
 
     @property
     def importing(self) -> bool:
@@ -117,8 +118,9 @@ class ImportLearning:
     def _next(self) -> None:
         if self._probe is not None or self._thread is not None or not self._waiting:
             return
-        names = [n for n in self._waiting if n not in sys.modules]
-        self._tried.update(self._waiting)
+        self._asked = self._waiting
+        names = [n for n in self._asked if n not in sys.modules]
+        self._tried.update(self._asked)
         self._waiting = []
         self._round = LearnedImports()
         self._probed = []
@@ -128,6 +130,8 @@ class ImportLearning:
             self._start_thread(known, then_probe=unknown)
         elif unknown:
             self._start_probe(unknown)
+        else:  # in already (on the way of an earlier one): said as such
+            self._finish()
 
     def _start_probe(self, names: list[str]) -> None:
         self._probe = _Probe.fork(names, self._owned_fds() + self.owned(), self._limit_s)
@@ -172,7 +176,6 @@ class ImportLearning:
         assert thread is not None
         self._unregister(thread.read_fd)
         thread.join()
-        self._round.imported += thread.imported
         self._round.refused.update(thread.refused)
         self._round.seconds += thread.seconds
         probe = [n for n in thread.then_probe if n not in sys.modules]
@@ -183,6 +186,8 @@ class ImportLearning:
 
     def _finish(self) -> None:
         round_, self._round = self._round, LearnedImports()
+        # what was asked and is in now, whoever imported it (one may bring in another)
+        round_.imported = [name for name in self._asked if name in sys.modules]
         self._done(round_)
         self._next()
 
@@ -194,7 +199,6 @@ class _ImportThread(threading.Thread):
         super().__init__(name="furcate-preload", daemon=True)
         self.names = names
         self.then_probe = then_probe
-        self.imported: list[str] = []
         self.refused: dict[str, str] = {}
         self.seconds = 0.0
         self.read_fd, self._write_fd = os.pipe()
@@ -207,7 +211,6 @@ class _ImportThread(threading.Thread):
                     continue
                 try:
                     importlib.import_module(name)
-                    self.imported.append(name)
                 except BaseException:  # reported, never fatal
                     self.refused[name] = _last_line(traceback.format_exc())
         finally:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 __all__ = [
     "ChildReport",
     "Exited",
+    "Imported",
     "Init",
     "InitFailed",
     "Kill",
@@ -171,6 +172,14 @@ class Exited:
     key: str
     wait_status: int
     ended_at: float
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A running job has just imported these heavy packages, which the server lacks."""
+
+    key: str
+    modules: list[str]
 
 
 @dataclass(frozen=True)

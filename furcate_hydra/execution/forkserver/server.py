@@ -21,9 +21,8 @@ The server never initialises CUDA and never runs job code itself. When the launc
 (its socket closes) or the server gets SIGTERM, it stops every job's process group and exits, so
 no job outlives the sweep that started it.
 
-What the jobs report they imported themselves, the launcher hands back (``Preload``): the
-server imports it once (``learned_imports``), holding forks meanwhile, and forks again the jobs
-waiting ahead, so that they start with it too.
+What jobs say they imported, the launcher hands back (``Preload``): the server imports it once
+(``learned_imports``), holding forks meanwhile, then forks the jobs waiting ahead again.
 """
 
 from __future__ import annotations
@@ -44,9 +43,11 @@ from multiprocessing.connection import Connection
 import cloudpickle
 
 from furcate_hydra.execution.forkserver.child import run_child
+from furcate_hydra.execution.forkserver.job_imports import said
 from furcate_hydra.execution.forkserver.learned_imports import ImportLearning, LearnedImports
 from furcate_hydra.execution.forkserver.protocol import (
     Exited,
+    Imported,
     Init,
     Kill,
     Placement,
@@ -255,7 +256,7 @@ class ForkServer:
         for tee in tees:
             tee.close_write_end()
             self.selector.register(tee.read_fd, selectors.EVENT_READ, self._reader(job, tee))
-        self.selector.register(done_read, selectors.EVENT_READ, lambda: self._on_done(job))
+        self.selector.register(done_read, selectors.EVENT_READ, lambda: self._on_says(job))
         self.selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_exit(job))
         if gate_read is not None:
             os.close(gate_read)
@@ -277,6 +278,15 @@ class ForkServer:
         os.close(job.gate_fd)
         job.gate_fd = None
         self._send(Started(job.start.key, job.pid, time.time(), placement.slot, after))
+
+    def _on_says(self, job: _Job) -> None:
+        """Lines on the job's done pipe (what it imported), or its end."""
+        assert job.done_fd is not None
+        notices, done = said(job.done_fd)
+        for names in notices:
+            self._send(Imported(job.start.key, names))
+        if done:
+            self._on_done(job)
 
     def _on_done(self, job: _Job) -> None:
         """The job has ended (done, or exited): its slot goes to the oldest job forked ahead."""
