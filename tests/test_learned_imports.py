@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import cloudpickle
+import psutil
 import pytest
 
 from furcate_hydra.execution.forkserver.client import ForkServerClient
@@ -195,3 +196,18 @@ def test_a_job_names_the_installed_packages_it_imported_itself() -> None:
     every = installed_imports(set())
     assert "numpy" in every
     assert not {"furcate_hydra", "tests", "os", "json", "sys"} & set(every)
+
+
+def test_a_server_stopped_while_a_probe_hangs_leaves_no_probe_behind(
+    server: ForkServerClient,
+) -> None:
+    server.preload(["learned_slow", "learned_good"], probe_limit_s=300.0)
+    deadline = time.monotonic() + 30
+    server_process = psutil.Process(server.process.pid)
+    while not (probes := server_process.children()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(probes) == 1
+    began = time.monotonic()
+    server.shutdown(grace_s=1.0)
+    assert time.monotonic() - began < 10.0
+    assert not probes[0].is_running() or probes[0].status() == psutil.STATUS_ZOMBIE

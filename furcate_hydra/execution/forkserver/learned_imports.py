@@ -82,6 +82,7 @@ class ImportLearning:
         self._round = LearnedImports()
         self._probed: list[str] = []  # this round's modules that a probe imported cleanly
         self._asked: list[str] = []  # this round's
+        self._stopped = False
 
     @property
     def importing(self) -> bool:
@@ -104,7 +105,9 @@ class ImportLearning:
             self._end_probe(timed_out=True)
 
     def stop(self) -> None:
-        """The server is stopping: a probe is killed; a running import is left to end."""
+        """The server is stopping: a probe is killed, nothing more is tried; a running import
+        is left to end."""
+        self._stopped = True
         if self._probe is not None:
             self._probe.kill()
 
@@ -116,7 +119,7 @@ class ImportLearning:
     # -- the steps -------------------------------------------------------------------------
 
     def _next(self) -> None:
-        if self._probe is not None or self._thread is not None or not self._waiting:
+        if self._probe or self._thread or not self._waiting or self._stopped:
             return
         self._asked = self._waiting
         names = [n for n in self._asked if n not in sys.modules]
@@ -157,11 +160,11 @@ class ImportLearning:
             )
         self._round.refused.update({n: why for n, why in probe.results.items() if why})
         self._probed += [n for n, why in probe.results.items() if why is None]
-        if unanswered[1:]:  # the ones after it are tried in a new probe
+        if unanswered[1:] and not self._stopped:  # the ones after it: in a new probe
             self._start_probe(unanswered[1:])
             return
         good = [name for name in self._probed if name not in sys.modules]
-        if good:
+        if good and not self._stopped:
             self._start_thread(good, then_probe=[])
         else:
             self._finish()
@@ -179,7 +182,7 @@ class ImportLearning:
         self._round.refused.update(thread.refused)
         self._round.seconds += thread.seconds
         probe = [n for n in thread.then_probe if n not in sys.modules]
-        if probe:
+        if probe and not self._stopped:
             self._start_probe(probe)
         else:
             self._finish()
