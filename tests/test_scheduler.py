@@ -70,6 +70,13 @@ class FakeExecutor:
             self.cancelled.append(key)
             self.ended.append(job)
 
+    def preload(self, modules: Sequence[str]) -> None:
+        pass  # nothing is forked here
+
+    @property
+    def learned_imports(self) -> tuple[str, ...]:
+        return ()
+
     def add_listener(self, listener: JobListener) -> None:
         pass
 
