@@ -21,6 +21,7 @@ from furcate_hydra import env_vars
 from furcate_hydra.hydra_api.private_names import Callbacks, returned
 from furcate_hydra.job_process.lightning_auto import install_for_job
 from furcate_hydra.job_process.rank_processes import prepare_for_ranks
+from furcate_hydra.job_process.warm_ranks import route_ranks
 from furcate_hydra.store import (
     build_store_for_forks,
     load_run_for_forks,
@@ -155,8 +156,9 @@ class _GatedCallbacks(Callbacks):
         self._gate()
         # the slot's variables are in place now; hydra.job.env_set still has the last word
         os.environ.update({str(k): str(v) for k, v in config.hydra.job.env_set.items()})
-        # hydra.launcher.lightning=auto: a Trainer the task builds gets what fit gives
-        install_for_job()
+        # hydra.launcher.lightning=auto: a Trainer the task builds gets what fit gives, and
+        # the ranks of its DDP launcher are forks of this process
+        install_for_job(route_ranks)
         # Lightning's DDP subprocess launcher re-runs the script: for this job, not the sweep
         prepare_for_ranks(config)
         super().on_job_start(config, task_function=task_function, **kwargs)

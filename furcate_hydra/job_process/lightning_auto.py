@@ -1,9 +1,10 @@
 """``hydra.launcher.lightning: auto``: reach a Trainer the task builds itself, in its job.
 
-    job's process, before the task: install_for_job()
+    job's process, before the task: install_for_job(route_ranks)
       a namespace already imported (the fork server preloaded the app) ──► patched now
       one not imported yet ──► patched right after its first import (an import hook)
-    patched: furcate_hydra.lightning._own_trainer (what a Trainer and MLflow logger get)
+    patched: furcate_hydra.lightning._own_trainer (what a Trainer and MLflow logger get), and
+      what install_for_job was given (warm_ranks.route_ranks: its DDP ranks forked warm)
 
 Light on purpose: it imports neither torch nor Lightning, so the launcher's side may call it;
 the Lightning layer is loaded only once the app's own Lightning is. Which namespace the app
@@ -16,7 +17,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from furcate_hydra import env_vars
@@ -29,13 +30,16 @@ MODES = (AUTO, OFF)
 # the packages whose Trainer and MLFlowLogger a job patches (lightning.pytorch's own name
 # first: its package `lightning` imports it on `import lightning as L`)
 _NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
+_also: list[Callable[[str], None]] = []  # install_for_job's, in this job's process
 
 
-def install_for_job() -> None:
+def install_for_job(*also: Callable[[str], None]) -> None:
     """In a job whose ``FURCATE_LIGHTNING`` is ``auto``: patch each Lightning namespace the job
-    imports, now or when it does. Anything else leaves the job alone."""
+    imports, now or when it does; ``also`` are called with each such namespace's name too
+    (the job's process routes its DDP ranks). Anything else leaves the job alone."""
     if os.environ.get(env_vars.LIGHTNING, OFF) != AUTO:
         return
+    _also.extend(call for call in also if call not in _also)
     ignore_lightning_srun_hint()  # before the app builds its Trainer
     for name in _NAMESPACES:
         if name in sys.modules:
@@ -64,6 +68,8 @@ def layer_for(mode: object) -> str | None:
 
 
 def _patch(name: str) -> None:
+    for call in _also:  # before the layer's patch: they need only the namespace
+        call(name)
     # here, not at the top: the job has imported Lightning by now, the launcher never does
     if _layer_loading():  # its own import of Lightning got here: patched at its end
         from furcate_hydra.lightning._pending import defer

@@ -8,6 +8,8 @@
     Lightning's subprocess launcher (strategy=ddp, FSDP) in the task, for ranks 1..N-1:
       python <script> sys.argv[1:] hydra.run.dir=<run.dir> hydra.job.name=train_ddp_process_<r>
              hydra.output_subdir=null
+      (run by a fork of the job's process as a new interpreter would run it, ``warm_ranks``,
+      or by a new interpreter where a fork cannot)
       ──► a single run of this job's config, in the job's dir; ``RankStart`` there does what
           the job's process did before its task (hydra.launcher.lightning=auto), so every rank's
           Trainer gets the same callbacks (a collective one rank lacks would hang the others)
@@ -35,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from furcate_hydra import env_vars
 from furcate_hydra.hydra_api.command_line import primary_config_flags
+from furcate_hydra.job_process.fresh_interpreter import task_entered
 from furcate_hydra.job_process.lightning_auto import install_for_job
 
 __all__ = ["RankStart", "launch_env", "prepare_for_ranks", "rank_overrides"]
@@ -96,3 +99,4 @@ class RankStart(Callback):
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         install_for_job()
+        task_entered()  # a warm rank's failure from now on is its task's

@@ -1,7 +1,8 @@
 """An app's own Trainer, in a furcate job, gets what ``fit`` gives (``lightning: auto``).
 
     install(namespace), once per namespace the app imports (job_process.lightning_auto):
-      MLFlowLogger(...)   ──► RunBound<its class>, built with the job's run and store
+      MLFlowLogger(...)   ──► RunBound<its class>, built with the job's run and store;
+                              in a DDP rank other than 0, no MLflow client (_lazy_client)
       Trainer(...)        ──► default_root_dir: the job dir unless the app set one;
                               + furcate's callbacks (JobTraining) the app has not listed;
                               + a bound MLflow logger unless the app's own is one;
@@ -23,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +35,7 @@ from furcate_hydra.lightning._fused_group import GroupEnv
 from furcate_hydra.lightning._fused_member import alone_in_group, fit_in_group
 from furcate_hydra.lightning._job_env import JobEnv
 from furcate_hydra.lightning._job_training import JobTraining, ResumePoint
+from furcate_hydra.lightning._lazy_client import client_for_this_rank
 from furcate_hydra.lightning._logger import RunBinding, bound_class, bound_logger, job_arguments
 from furcate_hydra.lightning._namespace import Namespace, trainer_namespace
 from furcate_hydra.lightning._slot_devices import check_trainer_devices
@@ -44,7 +47,9 @@ log = logging.getLogger("furcate_hydra.lightning")
 _ATTRIBUTE = "_furcate_training"  # the JobTraining of a Trainer built by the app, in a job
 _ADDED = "_furcate_added"  # on the MLflow logger furcate added to such a Trainer
 _installed: set[str] = set()
-_said = False  # the one line per job
+# the process that said the one line per job: a DDP rank forked from the job's process says
+# its own, as one started anew does
+_said_in: int | None = None
 
 
 def install(namespace: str) -> None:
@@ -57,9 +62,10 @@ def install(namespace: str) -> None:
     _wrap(trainer, "__init__", _trainer_init)
     _wrap(trainer, "fit", _trainer_fit)
     env = JobEnv.from_environ()
+    logger = ns.mlflow_logger_class
+    # bound to the job's run where it records; in a DDP rank other than 0, no MLflow client
+    _wrap(logger, "__init__", functools.partial(_logger_init, env if env.recording else None))
     if env.recording:
-        logger = ns.mlflow_logger_class
-        _wrap(logger, "__init__", functools.partial(_logger_init, env))
         logger.__new__ = staticmethod(_logger_new)
 
 
@@ -169,10 +175,10 @@ def _start_words(resume: ResumePoint | None, chosen: Any) -> str:
 
 
 def _say_once(trainer: Any, namespace: Namespace, training: JobTraining, start: str) -> None:
-    global _said
-    if _said:
+    global _said_in
+    if _said_in == os.getpid():
         return
-    _said = True
+    _said_in = os.getpid()
     env = training.env
     every = [f"every {env.checkpoint_every_n_steps} steps"] if env.checkpoint_every_n_steps else []
     every += [f"every {env.checkpoint_every_s:g} s"] if env.checkpoint_every_s else []
@@ -216,8 +222,12 @@ def _logger_new(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 
 def _logger_init(
-    env: JobEnv, original: Callable[..., None], logger: Any, *args: Any, **kwargs: Any
+    env: JobEnv | None, original: Callable[..., None], logger: Any, *args: Any, **kwargs: Any
 ) -> None:
+    if env is None:  # the app's own logger, bound to nothing: only its client is this rank's
+        with client_for_this_rank():
+            original(logger, *args, **kwargs)
+        return
     call = inspect.signature(original).bind(logger, *args, **kwargs)
     job = job_arguments(env)
     # what the app set that binding replaces, for the job's one line
@@ -229,5 +239,6 @@ def _logger_init(
         and value != job.get(key)
     }
     call.arguments.update(job)
-    original(*call.args, **call.kwargs)
+    with client_for_this_rank():
+        original(*call.args, **call.kwargs)
     logger._furcate_replaced = replaced
