@@ -24,19 +24,24 @@ first line writes the time into ``times.json``, with its end and its slot.
               slots, each sleeping d in {0.5, 1, 2, 3} s, and 16 jobs of those durations under
               ``hydra/sweeper=furcate``: first task start to last task end against a
               zero-overhead streaming schedule of the same jobs (each, in order, onto the
-              first slot that frees), and the gaps between jobs on a slot.
+              first slot that frees), and the gaps between jobs on a slot;
+  ddp         a DDP job (``strategy=ddp``, 2 ranks on CPU with gloo, ``bench/apps/
+              ddp_bench_app.py``) under Hydra's basic launcher (the anchor) and furcate:
+              its task entered (rank 0) to every rank training (each rank's
+              ``on_train_start``), by the ranks' own clocks; furcate's over the anchor's.
 
 Variants take turns within a round; figures are medians over rounds, with the share of the
 machine's CPU that other processes used meanwhile. ``--before DIR`` also runs every furcate
 variant with ``PYTHONPATH=DIR`` (a checkout of older code), in the same rounds: before and after
 under the same load. ``--profile`` also runs each task's furcate command once under cProfile and
 lists where its launcher's time went. Run: ``python bench/startup.py`` (~10 min with 3 rounds
-on 2 cores; twice that with ``--before``).
+on 2 cores; twice that with ``--before``); the DDP part alone: ``--parts ddp`` (~1 min).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pstats
 import random
@@ -66,6 +71,11 @@ T = TypeVar("T")
 APPS_DIR = Path(__file__).resolve().parent / "apps"
 APPS = {"light": APPS_DIR / "startup_light_app.py", "torch": APPS_DIR / "startup_torch_app.py"}
 SLEEP_APP = APPS_DIR / "sleep_app.py"
+DDP_APP = APPS_DIR / "ddp_bench_app.py"
+DDP: dict[str, list[str]] = {  # a one-job sweep: a basic launcher's rank replays the sweep
+    "basic": ["hydra/launcher=basic"],
+    "furcate": ["hydra/launcher=furcate"],
+}
 OPTUNA_APP = APPS_DIR / "optuna_sleep_app.py"
 FIRST_JOB: dict[str, list[str]] = {
     "basic": ["hydra/launcher=basic"],
@@ -306,6 +316,58 @@ def optuna_round(root: Path, template: Path, r: int) -> dict[str, dict[str, Any]
     return out
 
 
+def ddp_round(root: Path, template: Path, r: int) -> dict[str, dict[str, Any]]:
+    """A DDP job under each launcher: its task entered to every rank training."""
+    row: dict[str, Any] = {}
+    for name, variant, code in rotated(with_codes(list(DDP)), r):
+        run_dir = fresh_dir(root, f"ddp-{r}-{name}", template)
+        overrides = ["lr=0.01", "strategy=ddp", *DDP[variant]]
+        done = run_cli(DDP_APP, overrides, run_dir, "sweep", code=code)
+        ranks = [
+            json.loads(line)
+            for path in (run_dir / "sweep").rglob("ranks.jsonl")
+            for line in path.read_text().splitlines()
+        ]
+        if sorted(rank["rank"] for rank in ranks) != [0, 1]:
+            raise RuntimeError(f"ddp {name}: ranks {ranks} trained, not 0 and 1")
+        entered = next(rank["entered"] for rank in ranks if rank["rank"] == 0)
+        training = max(rank["train_start"] for rank in ranks)
+        row[name] = {
+            "job_start_s": round(training - entered, 3),
+            "first_training_s": round(training - done.began, 3),
+            "wall_s": round(done.wall_s, 3),
+            "others_cpu_share": done.others_cpu_share,
+        }
+        print(f"round {r + 1} ddp job start, {name}: {training - entered:.2f} s")
+    return {"ddp": row}
+
+
+def ddp_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over rounds; each furcate variant's job start over the basic launcher's."""
+    names = list(rounds[0]["ddp"])
+    medians = {n: median_of(rounds, "ddp", n, "job_start_s") for n in names}
+    return {
+        "job_start_s": medians,
+        "first_training_s": {n: median_of(rounds, "ddp", n, "first_training_s") for n in names},
+        "over_basic": {
+            n: round(m / medians["basic"], 3) for n, m in medians.items() if n != "basic"
+        },
+        "others_cpu_share_max": max(
+            row["others_cpu_share"] for r in rounds for row in r["ddp"].values()
+        ),
+    }
+
+
+def show_ddp(figures: dict[str, Any]) -> None:
+    ddp = figures["ddp"]
+    print(f"\nDDP job (2 ranks, CPU), task entered to every rank training, medians of "
+          f"{figures['rounds']} rounds:")  # fmt: skip
+    for name, seconds in ddp["job_start_s"].items():
+        over = ddp["over_basic"].get(name)
+        ratio = "" if over is None else f"  ({over:.3f} x basic)"
+        print(f"  {name:<18} {seconds:6.3f} s{ratio}")
+
+
 def _by_num(sweep_dir: Path, name: str, key: str) -> list[float]:
     infos = read_timings(sweep_dir, name, pattern="**/{name}").values()
     return [float(i[key]) for i in sorted(infos, key=lambda i: int(i["num"]))]
@@ -485,6 +547,7 @@ def main() -> None:
         "fresh": fresh_round,
         "handoff": handoff_round,
         "optuna": optuna_round,
+        "ddp": ddp_round,
     }
     rounds: dict[str, list[dict[str, Any]]] = {part: [] for part in measures}
     figures: dict[str, Any] = {"rounds": args.rounds, "before": args.before}
@@ -505,9 +568,22 @@ def main() -> None:
         figures["fresh"] = fresh_summary(rounds["fresh"])
     if set(parts) >= {"first_job", "handoff", "optuna"}:
         figures["summary"] = summarize(rounds)
+    if "ddp" in parts:
+        figures["ddp"] = ddp_summary(rounds["ddp"])
     figures["by_round"] = rounds
-    shown = show if "summary" in figures else show_fresh if "fresh" in figures else print
-    publish("startup", at_start, figures, shown)
+    publish("startup", at_start, figures, show_parts)
+
+
+def show_parts(figures: dict[str, Any]) -> None:
+    """Each part's summary that was measured; everything, where none has one."""
+    if "summary" in figures:
+        show(figures)
+    elif "fresh" in figures:
+        show_fresh(figures)
+    if "ddp" in figures:
+        show_ddp(figures)
+    if not {"summary", "fresh", "ddp"} & figures.keys():
+        print(figures)
 
 
 if __name__ == "__main__":
