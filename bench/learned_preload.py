@@ -17,7 +17,7 @@ an empty MLflow store, variants taking turns within a round:
 
 Figures per variant (medians over rounds): the command's wall time, and its ratio to the basic
 launcher's in the same round; a job's imports (task start to imports done), mean over jobs.
-Run: ``python bench/learned_preload.py`` (~5 min with 2 rounds on 2 cores).
+Run: ``python bench/learned_preload.py`` (~5 min with 2 rounds, ~7 with 3, on 2 cores).
 """
 
 from __future__ import annotations
