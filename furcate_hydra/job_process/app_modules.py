@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
-import site
 import sys
-import sysconfig
 from types import ModuleType
+
+from furcate_hydra.python_dirs import library_dirs
 
 __all__ = ["forget_app_modules"]
 
@@ -27,7 +27,7 @@ def forget_app_modules() -> None:
     """Drop the app's own modules (those outside the standard library and the installed
     packages, furcate's and extension modules aside): the command imports them anew, with
     none of rank 0's state."""
-    libraries = _library_dirs()
+    libraries = library_dirs(stdlib=True)
     extensions = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     for name, module in list(sys.modules.items()):
         if _is_apps(name, module, libraries, extensions):
@@ -46,16 +46,3 @@ def _is_apps(
     if name.partition(".")[0] in _KEPT_PACKAGES:
         return False
     return not os.path.realpath(file).startswith(libraries)
-
-
-def _library_dirs() -> tuple[str, ...]:
-    """The standard library's and the installed packages' dirs, as written and resolved, each
-    ending with a separator."""
-    paths = sysconfig.get_paths()
-    dirs = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    dirs += site.getsitepackages()
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    found = {os.path.normpath(os.path.abspath(d)) for d in dirs}
-    found |= {os.path.realpath(d) for d in found}
-    return tuple(d.rstrip(os.sep) + os.sep for d in sorted(found))

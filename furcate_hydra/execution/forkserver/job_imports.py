@@ -15,15 +15,14 @@ them in the server would run the app's code outside a job.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
-import site
 import sys
-import sysconfig
 from collections.abc import Collection, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
+
+from furcate_hydra.python_dirs import library_dirs
 
 __all__ = ["ImportWatch", "installed_imports", "notice", "said"]
 
@@ -34,7 +33,7 @@ NOTICE = b"i"
 def installed_imports(before: Collection[str]) -> tuple[str, ...]:
     """Top-level packages in ``sys.modules`` now and not in ``before``, installed in a
     site-packages directory, in the order this process imported them."""
-    dirs = _site_dirs()
+    dirs = library_dirs(stdlib=False)
     found = []
     for name, module in list(sys.modules.items()):  # dicts keep the order of import
         if "." in name or name.startswith("_") or name in before:
@@ -43,15 +42,6 @@ def installed_imports(before: Collection[str]) -> tuple[str, ...]:
         if where is not None and where.startswith(dirs):
             found.append(name)
     return tuple(found)
-
-
-@functools.cache
-def _site_dirs() -> tuple[str, ...]:
-    dirs = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
-    dirs.update(site.getsitepackages())
-    if site.ENABLE_USER_SITE:
-        dirs.add(site.getusersitepackages())
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
 
 
 def _location(module: object) -> str | None:
