@@ -29,6 +29,8 @@ SHARED = (
     "furcate_hydra.quick_exit",
     "furcate_hydra.job_secrets",
     "furcate_hydra.said_once",
+    "furcate_hydra.python_dirs",
+    "furcate_hydra.new_process",
 )
 ENV_VARS = "furcate_hydra.env_vars"
 # The execution layer sets variables in a job's environment (a slot's GPU count) by their

@@ -50,6 +50,7 @@ from omegaconf import OmegaConf
 
 from furcate_hydra.job_process.app_modules import forget_app_modules
 from furcate_hydra.job_process.lightning_private import fresh_lightning_state
+from furcate_hydra.new_process import fresh_root_logger, name_process
 from furcate_hydra.store import set_aside_inherited_connections
 
 __all__ = ["Command", "run_as_interpreter", "task_entered"]
@@ -124,11 +125,11 @@ def _become(command: Command, env: Mapping[str, str] | None, cwd: str | None) ->
     GlobalHydra.instance().clear()  # hydra.main refuses to start where it is set
     HydraConfig.instance().cfg = None
     _resolvers_registered_again()
-    _fresh_logging()
+    fresh_root_logger()  # the command's Hydra set-up configures it
     _fresh_random_streams()
     fresh_lightning_state()
     forget_app_modules()
-    _name_process(Path(sys.executable).name)
+    name_process(Path(sys.executable).name)  # an interpreter's, not the job's
 
 
 def _run(command: Command) -> int:
@@ -293,15 +294,6 @@ def _resolvers_registered_again() -> None:
     setattr(OmegaConf, "register_new_resolver", staticmethod(register_new_resolver))  # noqa: B010
 
 
-def _fresh_logging() -> None:
-    """The root logger as a new interpreter has it: no handler (not closed: the parent's
-    files), WARNING; the command's Hydra set-up configures it."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    root.setLevel(logging.WARNING)
-
-
 def _fresh_random_streams() -> None:
     """torch's and numpy's global random streams drawn from the OS, as a new interpreter
     seeds them (Python's ``random`` reseeds itself at each fork). torch's thread count is
@@ -314,9 +306,3 @@ def _fresh_random_streams() -> None:
     numpy_random: Any = sys.modules.get("numpy.random")  # not loaded: seeded at its import
     if numpy_random is not None:
         numpy_random.seed()
-
-
-def _name_process(name: str) -> None:
-    """What ps calls this process: an interpreter's name, not the job's (Linux's ``comm``)."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/comm").write_text(name[:15])

@@ -29,7 +29,7 @@ from furcate_hydra.atomic import atomic_write_bytes
 from furcate_hydra.execution.forkserver.gpu_report import torch_gpu_peak
 from furcate_hydra.execution.forkserver.job_imports import ImportWatch, installed_imports
 from furcate_hydra.execution.forkserver.learned_imports import WELL_KNOWN
-from furcate_hydra.execution.forkserver.names import JOB_NAME, name_process
+from furcate_hydra.execution.forkserver.names import JOB_NAME
 from furcate_hydra.execution.forkserver.protocol import (
     ChildReport,
     Placement,
@@ -37,6 +37,7 @@ from furcate_hydra.execution.forkserver.protocol import (
     WarmContext,
 )
 from furcate_hydra.job_secrets import hand_down
+from furcate_hydra.new_process import name_process
 from furcate_hydra.preemption import PREEMPTED_EXIT_CODE, JobPreempted
 
 __all__ = ["CHILD_SETUP_FAILED", "run_child"]

@@ -14,7 +14,6 @@ launcher dies, and stops its jobs.
 from __future__ import annotations
 
 import faulthandler
-import logging
 import os
 import select
 import signal
@@ -26,8 +25,9 @@ import traceback
 from typing import IO, Protocol
 
 from furcate_hydra.execution.forkserver.entry import serve_forked  # loaded before the fork
-from furcate_hydra.execution.forkserver.names import SERVER_NAME, name_process
+from furcate_hydra.execution.forkserver.names import SERVER_NAME
 from furcate_hydra.execution.forkserver.protocol import WarmContext
+from furcate_hydra.new_process import fresh_root_logger, name_process
 
 __all__ = ["ForkedServer", "ServerProcess", "can_fork", "fork_server", "spawn_server"]
 
@@ -111,7 +111,7 @@ def _become_server(
         name_process(SERVER_NAME)
         parent_sock.close()
         _own_stdio(out, err)
-        _fresh_logging()
+        fresh_root_logger()
         code = serve_forked(child_sock.detach(), preload, context)
     except BaseException:
         traceback.print_exc()
@@ -135,16 +135,6 @@ def _own_stdio(out: tuple[int, int] | None, err: tuple[int, int] | None) -> None
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     if faulthandler.is_enabled():  # onto fd 2, which is each job's own stderr in the job
         faulthandler.enable()
-
-
-def _fresh_logging() -> None:
-    """The root logger as a new interpreter has it: no handler, WARNING. What the server
-    imports (a preload) then sets up its logging as it would in one (Lightning adds its own
-    handler only where the root logger has none); each job's Hydra set-up configures it."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)  # not closed: they write to the launcher's streams
-    root.setLevel(logging.WARNING)
 
 
 class ForkedServer:
