@@ -155,6 +155,23 @@ def test_jobs_waiting_ahead_are_forked_again_once_the_server_has_more(
     assert not [m for m in seen if isinstance(m, Exited)]  # the first fork is never reported
 
 
+def test_a_round_that_brings_in_nothing_new_leaves_the_jobs_waiting_ahead_as_they_are(
+    server: ForkServerClient, tmp_path: Path
+) -> None:
+    seen: list[object] = []
+    server.start(_start(tmp_path, "ahead", ["json"], placed=False))
+    time.sleep(1.0)  # forked, set up, at its gate
+    (waiting,) = psutil.Process(server.process.pid).children()
+    server.preload(["json"])  # the server has it already
+    done = _next(server, seen, Preloaded, None)
+    assert isinstance(done, Preloaded) and done.imported == ["json"] and not done.refused
+    server.release(PLACE)
+    started = _next(server, seen, Started, "ahead")
+    assert isinstance(started, Started) and started.pid == waiting.pid  # not forked again
+    assert isinstance(_next(server, seen, Exited, "ahead"), Exited)
+    assert _result(tmp_path, "ahead") == (["json"], 0)  # nor told of imports
+
+
 def test_a_job_held_for_an_import_and_stopped_ends_as_killed(
     server: ForkServerClient, tmp_path: Path
 ) -> None:

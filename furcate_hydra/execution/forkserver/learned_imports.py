@@ -53,6 +53,7 @@ class LearnedImports:
     imported: list[str] = field(default_factory=list)  # asked, and in the server now
     refused: dict[str, str] = field(default_factory=dict)  # name -> why not
     seconds: float = 0.0  # the server's own import time
+    grew: bool = False  # it imported one it lacked: jobs forked before lack it
 
 
 class ImportLearning:
@@ -82,6 +83,7 @@ class ImportLearning:
         self._round = LearnedImports()
         self._probed: list[str] = []  # this round's modules that a probe imported cleanly
         self._asked: list[str] = []  # this round's
+        self._missing: list[str] = []  # this round's the server lacked when it began
         self._stopped = False
 
     @property
@@ -122,7 +124,7 @@ class ImportLearning:
         if self._probe or self._thread or not self._waiting or self._stopped:
             return
         self._asked = self._waiting
-        names = [n for n in self._asked if n not in sys.modules]
+        names = self._missing = [n for n in self._asked if n not in sys.modules]
         self._tried.update(self._asked)
         self._waiting = []
         self._round = LearnedImports()
@@ -191,6 +193,7 @@ class ImportLearning:
         round_, self._round = self._round, LearnedImports()
         # what was asked and is in now, whoever imported it (one may bring in another)
         round_.imported = [name for name in self._asked if name in sys.modules]
+        round_.grew = any(name in sys.modules for name in self._missing)
         self._done(round_)
         self._next()
 

@@ -357,8 +357,8 @@ class ForkServer:
     # -- what the jobs import -------------------------------------------------------------
 
     def _on_learned(self, learned: LearnedImports) -> None:
-        """The server has imported more: its jobs start with it from now on."""
-        if learned.imported:
+        """A round of imports is done: what it brought in, if anything, jobs now start with."""
+        if learned.grew:
             assert self.context is not None
             self.context.after_imports()
             gc.freeze()  # as after the first imports: never scanned, pages stay shared
@@ -366,7 +366,7 @@ class ForkServer:
         held, self.held = self.held, []
         for start in held:
             self._start(start)
-        if learned.imported and self.stop_deadline is None:
+        if learned.grew and self.stop_deadline is None:
             self._fork_ahead_again()
 
     def _fork_ahead_again(self) -> None:
