@@ -102,7 +102,7 @@ class RunLedger:
         ``furcate.preload``), once the store is open."""
         if self.store is None:
             return []
-        self._imports = remembered_imports(self.store.client, self.store.experiment_id)
+        self._imports = remembered_imports(self.store.experiment_tags)
         return self._imports
 
     def remember_imports(self, modules: Sequence[str]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["PRELOAD_TAG", "remember_imports", "remembered_imports"]
@@ -19,9 +19,10 @@ PRELOAD_TAG = "furcate.preload"
 log = logging.getLogger(__name__)
 
 
-def remembered_imports(client: Any, experiment_id: str) -> list[str]:
-    """The modules an earlier sweep of this experiment's app learned; none if unreadable."""
-    text = client.get_experiment(experiment_id).tags.get(PRELOAD_TAG)
+def remembered_imports(tags: Mapping[str, str]) -> list[str]:
+    """The modules an earlier sweep of this experiment's app learned, from the experiment's
+    ``tags``; none if unreadable."""
+    text = tags.get(PRELOAD_TAG)
     if not text:
         return []
     try:

@@ -85,6 +85,8 @@ class RunStore:
             self.client = MlflowClient(tracking.uri)  # a new store's schema is created here
             if sqlite_index and self._sqlite_path is not None:
                 index_sqlite_store(self._sqlite_path)
+        # the experiment's tags as opened (what the app's earlier sweeps left: app_imports)
+        self.experiment_tags: dict[str, str] = {}
         self.experiment_id = self._experiment(experiment_name)
         if sqlite_wal and self._sqlite_path is not None:
             _use_wal(str(self._sqlite_path))
@@ -324,6 +326,7 @@ class RunStore:
             if experiment.lifecycle_stage == "deleted":
                 self.client.restore_experiment(experiment.experiment_id)
             experiment_id = str(experiment.experiment_id)
+            self.experiment_tags = dict(experiment.tags)
             if EXPERIMENT_KIND not in experiment.tags:
                 # made by an older furcate, or by hand: it gets training runs now. A kind
                 # someone chose is left as it is.
@@ -342,6 +345,7 @@ class RunStore:
             experiment = self.client.get_experiment_by_name(name)
             if experiment is None:
                 raise
+            self.experiment_tags = dict(experiment.tags)
             return str(experiment.experiment_id)
 
     def _artifacts(self) -> str | None:
